@@ -1,0 +1,99 @@
+"""Record <-> bytes (MessagePack via msgspec), with typed errors instead of exceptions of chance.
+
+Wire format: one MessagePack map per record, tagged by ``kind``. ``decode`` never raises anything
+but a ``CodecError`` subclass; consumers turn that into a ``DeadLetter`` with ``reason`` and
+``error_type`` so a poison record is kept, counted and skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from entroloop.records import SCHEMA_VERSION, AnyRecord, DeadLetter, Event
+
+DEFAULT_MAX_RECORD_BYTES = 1 << 20
+
+
+class CodecError(Exception):
+    """Bytes that are not a valid v1 record. ``error_type`` is a stable name for dashboards."""
+
+    error_type = "malformed"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class MalformedRecord(CodecError):
+    error_type = "malformed"
+
+
+class UnsupportedSchemaVersion(CodecError):
+    error_type = "unsupported_schema_version"
+
+
+class RecordTooLarge(CodecError):
+    error_type = "too_large"
+
+
+class _Header(msgspec.Struct):
+    """Just enough of a record to check its version before a full, strict decode."""
+
+    kind: str = ""
+    schema_version: int = -1
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AnyRecord)
+_header_decoder = msgspec.msgpack.Decoder(_Header)
+
+
+def encode(record: Event) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode(data: bytes, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> AnyRecord:
+    """Decode one record; raise a ``CodecError`` that says what is wrong with the bytes."""
+    if len(data) > max_bytes:
+        raise RecordTooLarge(f"record of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    try:
+        record = _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as first:
+        try:
+            header = _header_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise MalformedRecord(str(first)) from None
+        if header.schema_version != SCHEMA_VERSION and header.schema_version != -1:
+            raise UnsupportedSchemaVersion(
+                f"{header.kind or 'record'} has schema_version {header.schema_version}; "
+                f"this build reads version {SCHEMA_VERSION}"
+            ) from None
+        raise MalformedRecord(str(first)) from None
+    if record.schema_version != SCHEMA_VERSION:
+        raise UnsupportedSchemaVersion(
+            f"{type(record).__name__} has schema_version {record.schema_version}; "
+            f"this build reads version {SCHEMA_VERSION}"
+        )
+    return record
+
+
+def dead_letter_fields(error: CodecError, payload: bytes, keep_bytes: int = 4096) -> dict[str, object]:
+    """The part of a ``DeadLetter`` that describes the failure (payload kept up to ``keep_bytes``)."""
+    return {
+        "reason": error.reason[:1000],
+        "error_type": error.error_type,
+        "payload": payload[:keep_bytes],
+        "payload_size": len(payload),
+    }
+
+
+__all__ = [
+    "CodecError",
+    "MalformedRecord",
+    "UnsupportedSchemaVersion",
+    "RecordTooLarge",
+    "DeadLetter",
+    "encode",
+    "decode",
+    "dead_letter_fields",
+]

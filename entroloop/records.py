@@ -1,0 +1,316 @@
+"""Event contract v1: the typed records every stage exchanges.
+
+Each record is a msgspec ``Struct`` tagged by ``kind`` so one decoder reads any topic. The common
+fields come first (DESIGN.md, "Event contract"): ``event_id`` (UUIDv7), ``schema_version``,
+``emitted_at`` (unix seconds), ``node_id`` with a per-node monotonically increasing ``seq`` (so loss
+is countable end to end), ``request_id`` (the Kafka key of every topic) and ``trace_id`` (W3C,
+32 hex digits).
+
+Validation lives in ``__post_init__`` because msgspec runs it on decode too: a record that breaks
+an invariant (NaN entropy, odd-length float16 buffer) never reaches a processor, it becomes a
+dead letter with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import msgspec
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+Scalar = str | int | float | bool | None
+
+
+class Event(msgspec.Struct, kw_only=True, tag_field="kind", omit_defaults=False):
+    """Fields shared by every record."""
+
+    event_id: str
+    emitted_at: float
+    node_id: str
+    seq: int
+    request_id: str
+    trace_id: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    topic: ClassVar[str]
+
+
+class TokenEntropy(Event, tag="token_entropy"):
+    """Full-vocabulary Shannon entropy (nats) of each generated token, packed as little-endian float16.
+
+    One record per request, or per chunk for very long generations (``chunk_index`` counts from 0,
+    ``first_token_index`` is the position of the chunk's first token, ``final`` marks the last chunk).
+    ``approximate`` is true when the entropy was computed from top-k logprobs (proxy mode) instead
+    of the full vocabulary.
+    """
+
+    model: str
+    route: str = "default"
+    adapter: str = ""
+    entropies: bytes = b""
+    chunk_index: int = 0
+    first_token_index: int = 0
+    final: bool = True
+    approximate: bool = False
+
+    topic: ClassVar[str] = "entroloop.tokens.v1"
+
+    def __post_init__(self) -> None:
+        if len(self.entropies) % 2:
+            raise ValueError("entropies must be a packed float16 array (even number of bytes)")
+        values = self.values()
+        if values.size and not np.isfinite(values).all():
+            raise ValueError("entropies contain NaN or Inf")
+        if values.size and float(values.min()) < 0.0:
+            raise ValueError("entropies must be >= 0 nats")
+
+    def values(self) -> np.ndarray:
+        """The entropies as a float16 numpy view (no copy)."""
+        return np.frombuffer(self.entropies, dtype="<f2")
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.entropies) // 2
+
+
+def pack_entropies(values: np.ndarray | list[float]) -> bytes:
+    """Pack entropies (nats) into the wire format: little-endian float16, 2 bytes per token."""
+    return np.asarray(values, dtype="<f2").tobytes()
+
+
+class Span(Event, tag="span"):
+    """One OpenTelemetry span. Request spans carry the serving timings in seconds."""
+
+    span_id: str
+    name: str
+    start_time: float
+    end_time: float
+    parent_span_id: str = ""
+    model: str = ""
+    route: str = "default"
+    status: str = "ok"
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    attributes: dict[str, Scalar] = {}
+
+    topic: ClassVar[str] = "entroloop.spans.v1"
+
+
+class Audit(Event, tag="audit"):
+    """What the model was asked and answered, with everything needed to reproduce it.
+
+    PII is redacted before this record is built (``redactions`` counts entities per type);
+    ``user_id`` is a keyed pseudonym, never the raw identity.
+    """
+
+    audit_id: str
+    model: str
+    prompt: str
+    response: str
+    route: str = "default"
+    adapter: str = ""
+    tenant: str = ""
+    user_id: str = ""
+    prompt_template_version: str = ""
+    sampling: dict[str, Scalar] = {}
+    tokenizer_digest: str = ""
+    engine_version: str = ""
+    language: str = ""
+    redactions: dict[str, int] = {}
+
+    topic: ClassVar[str] = "entroloop.audit.v1"
+
+
+class Feedback(Event, tag="feedback"):
+    """A user's verdict on one answer; ``corrected_answer`` is what the answer should have been."""
+
+    rating: int
+    user_id: str = ""
+    error_type: str = ""
+    corrected_answer: str = ""
+    comment: str = ""
+
+    topic: ClassVar[str] = "entroloop.feedback.v1"
+
+
+class Fallback(Event, tag="fallback"):
+    """A request answered by a fallback tier (gateway decision or low intent similarity)."""
+
+    model: str
+    reason: str
+    route: str = "default"
+    from_tier: str = "primary"
+    to_tier: str = "fallback"
+    source: str = "gateway"
+
+    topic: ClassVar[str] = "entroloop.fallbacks.v1"
+
+
+class IntentScore(Event, tag="intent_score"):
+    """Cosine similarity between the query and the answer embeddings."""
+
+    model: str
+    similarity: float
+    route: str = "default"
+    language: str = ""
+    embedder: str = ""
+    threshold: float = 0.0
+
+    topic: ClassVar[str] = "entroloop.intent.v1"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.similarity):
+            raise ValueError("similarity must be finite")
+
+
+class BadCase(Event, tag="bad_case"):
+    """A user correction joined with the audited answer, diffed and labelled."""
+
+    model: str
+    prompt: str
+    response: str
+    correction: str
+    route: str = "default"
+    adapter: str = ""
+    audit_id: str = ""
+    labels: list[str] = []
+    diff: list[tuple[str, str, str]] = []
+    minimal_span: tuple[int, int] = (0, 0)
+    confidence: float = 0.0
+
+    topic: ClassVar[str] = "entroloop.badcases.v1"
+
+
+class Alert(Event, tag="alert"):
+    """Something a rule found. ``alert_key`` identifies the finding; actions run once per key."""
+
+    alert_key: str
+    rule: str
+    severity: str = "warning"
+    model: str = ""
+    route: str = "default"
+    subject_node: str = ""
+    token_start: int = -1
+    token_end: int = -1
+    value: float = 0.0
+    threshold: float = 0.0
+    baseline: str = ""
+    detail: str = ""
+    source_event_id: str = ""
+
+    topic: ClassVar[str] = "entroloop.alerts.v1"
+
+
+class Action(Event, tag="action"):
+    """An action taken in response to an alert or by the retraining loop, for the audit trail."""
+
+    action_id: str
+    action: str
+    alert_key: str = ""
+    runbook: str = ""
+    runbook_version: str = ""
+    dry_run: bool = False
+    outcome: str = ""
+    detail: str = ""
+
+    topic: ClassVar[str] = "entroloop.actions.v1"
+
+
+class RetrainRequest(Event, tag="retrain_request"):
+    """Ask the trainer for one incremental fine-tune; ``trigger_key`` is unique per trigger."""
+
+    trigger_key: str
+    model: str
+    category: str
+    reason: str
+    adapter: str = ""
+    window_start: float = 0.0
+    window_end: float = 0.0
+    bad_case_count: int = 0
+
+    topic: ClassVar[str] = "entroloop.retrain.v1"
+
+
+class Health(Event, tag="health"):
+    """A pipeline health gauge (consumer lag, last commit age, spool size, ...)."""
+
+    component: str
+    metric: str
+    value: float
+    labels: dict[str, str] = {}
+
+    topic: ClassVar[str] = "entroloop.health.v1"
+
+
+class DeadLetter(Event, tag="dead_letter"):
+    """Bytes that could not become a record, kept with the reason so nothing is lost silently."""
+
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    reason: str
+    error_type: str
+    payload: bytes = b""
+    payload_size: int = 0
+
+    topic: ClassVar[str] = "entroloop.deadletter.v1"
+
+
+RECORD_TYPES: tuple[type[Event], ...] = (
+    TokenEntropy,
+    Span,
+    Audit,
+    Feedback,
+    Fallback,
+    IntentScore,
+    BadCase,
+    Alert,
+    Action,
+    RetrainRequest,
+    Health,
+    DeadLetter,
+)
+
+AnyRecord = (
+    TokenEntropy
+    | Span
+    | Audit
+    | Feedback
+    | Fallback
+    | IntentScore
+    | BadCase
+    | Alert
+    | Action
+    | RetrainRequest
+    | Health
+    | DeadLetter
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "RECORD_TYPES",
+    "AnyRecord",
+    "Event",
+    "TokenEntropy",
+    "Span",
+    "Audit",
+    "Feedback",
+    "Fallback",
+    "IntentScore",
+    "BadCase",
+    "Alert",
+    "Action",
+    "RetrainRequest",
+    "Health",
+    "DeadLetter",
+    "pack_entropies",
+]

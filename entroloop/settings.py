@@ -1,0 +1,115 @@
+"""Settings: one place, one prefix (``ENTROLOOP_``), every variable documented here.
+
+Each field's ``description`` is the documentation: ``entroloop settings`` prints them as the
+Markdown table that README.md carries, and a test checks that README.md lists every variable.
+Secrets are ``SecretStr`` so they never print in logs, reprs or events.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "ENTROLOOP_"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=None, extra="ignore")
+
+    # --- embedded mode -------------------------------------------------------------------------
+    data_dir: Path = Field(
+        Path(".entroloop"),
+        description="Folder of the embedded mode: event log, chDB data, audit Parquet files.",
+    )
+    node_id: str = Field("node-local", description="This process's node id in emitted events.")
+
+    # --- transport -----------------------------------------------------------------------------
+    kafka_bootstrap: str = Field(
+        "", description="Kafka bootstrap servers (host:port,...). Empty: the embedded in-process bus."
+    )
+    topic_prefix: str = Field(
+        "", description="Prefix added to every topic name (isolates tests and tenants on one broker)."
+    )
+    partitions: int = Field(6, ge=1, description="Partitions per topic (all topics share one count).")
+    max_record_bytes: int = Field(
+        1 << 20, ge=1024, description="Largest accepted record; bigger ones go to dead letters."
+    )
+
+    # --- ClickHouse ----------------------------------------------------------------------------
+    clickhouse_dsn: str = Field(
+        "",
+        description="ClickHouse DSN: `chdb:///DIR` (embedded) or `http://host:8123`. "
+        "Empty: chDB in DATA_DIR/clickhouse.",
+    )
+    clickhouse_database: str = Field("entroloop", description="ClickHouse database for all tables.")
+    clickhouse_password: SecretStr = Field(
+        SecretStr(""), description="ClickHouse password (server mode). Secret: never logged."
+    )
+    sink_batch_rows: int = Field(
+        50_000, ge=1, description="Rows per ClickHouse insert (a batch also closes after SINK_BATCH_SECONDS)."
+    )
+    sink_batch_seconds: float = Field(1.0, gt=0, description="Longest a sink batch waits before insert.")
+
+    # --- entropy anomaly rules -----------------------------------------------------------------
+    loop_threshold_nats: float = Field(
+        1.5, gt=0, description="Repetition loop: tokens below this entropy (nats) ..."
+    )
+    loop_min_run: int = Field(5, ge=1, description="... for at least this many consecutive tokens.")
+    gibberish_threshold_nats: float = Field(
+        4.5, gt=0, description="Gibberish: tokens above this entropy (nats) ..."
+    )
+    gibberish_min_run: int = Field(5, ge=1, description="... for at least this many consecutive tokens.")
+
+    # --- audit ---------------------------------------------------------------------------------
+    audit_batch_records: int = Field(
+        2_000, ge=1, description="Audit records per Parquet file (per topic partition)."
+    )
+    pii_hash_key: SecretStr = Field(
+        SecretStr(""),
+        description="Key of the keyed hash that pseudonymises user ids and redacted PII. Secret.",
+    )
+
+    @field_validator("clickhouse_dsn")
+    @classmethod
+    def _dsn_scheme(cls, value: str) -> str:
+        if value and not value.startswith(("chdb://", "http://", "https://")):
+            raise ValueError("must start with chdb://, http:// or https:// (e.g. chdb:///var/lib/entroloop)")
+        return value
+
+    def resolved_clickhouse_dsn(self) -> str:
+        return self.clickhouse_dsn or f"chdb://{(self.data_dir / 'clickhouse').resolve()}"
+
+
+class SettingsError(Exception):
+    """A configuration error, phrased as which variable is wrong and how to fix it."""
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment; turn validation errors into one readable message."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            name = ENV_PREFIX + "_".join(str(p) for p in err["loc"]).upper()
+            lines.append(f"{name}: {err['msg']} (got {err.get('input')!r})")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    return load_settings()
+
+
+def settings_markdown() -> str:
+    """The README table of every variable, generated from the field descriptions."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        if isinstance(default, SecretStr):
+            default = "(secret)" if default.get_secret_value() else ""
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{default}` | {field.description} |")
+    return "\n".join(rows)
