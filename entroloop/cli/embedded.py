@@ -1,0 +1,279 @@
+"""Commands of the embedded mode: demo, replay, query, migrate, settings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from entroloop.records import DeadLetter, TokenEntropy
+from entroloop.settings import Settings, SettingsError, load_settings, settings_markdown
+from entroloop.topics import TOPICS
+from sinks.clickhouse.client import ClickHouseLocked
+
+console = Console(stderr=True)
+out = Console()
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", "-d", help="Embedded data folder (default: ENTROLOOP_DATA_DIR or ./.entroloop)."),
+]
+
+
+def _settings(data_dir: Path | None, **extra: Any) -> Settings:
+    try:
+        overrides = {"data_dir": data_dir} if data_dir else {}
+        return load_settings(**overrides, **extra)
+    except SettingsError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+def _runner(settings: Settings):
+    from entroloop.runner import EmbeddedRunner
+
+    try:
+        return EmbeddedRunner(settings)
+    except ClickHouseLocked as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(3) from None
+
+
+def _wipe(path: Path) -> None:
+    """Remove a demo folder, including its read-only (write-once) audit files."""
+    for p in path.rglob("*"):
+        if p.is_file():
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+        elif p.is_dir():
+            p.chmod(p.stat().st_mode | stat.S_IWUSR | stat.S_IXUSR)
+    shutil.rmtree(path)
+
+
+def score_anomalies(alerts: list[tuple[str, str, int, int]], truth: dict[str, list[tuple[str, int, int]]]) -> dict[str, Any]:
+    """Match alerts to injected runs (same request and rule, overlapping spans)."""
+    injected = sum(len(v) for v in truth.values())
+    matched_truth: set[tuple[str, int]] = set()
+    true_positive = 0
+    for rule, request_id, start, end in alerts:
+        hit = False
+        for i, (t_rule, t_start, t_end) in enumerate(truth.get(request_id, [])):
+            if t_rule == rule and start < t_end and t_start < end:
+                matched_truth.add((request_id, i))
+                hit = True
+        true_positive += hit
+    found = len(alerts)
+    return {
+        "found": found,
+        "injected": injected,
+        "matched": len(matched_truth),
+        "precision": round(true_positive / found, 4) if found else 1.0,
+        "recall": round(len(matched_truth) / injected, 4) if injected else 1.0,
+    }
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def demo(
+        requests: Annotated[int, typer.Option("--requests", "-n", min=1, help="Requests the synthetic fleet serves.")] = 2000,
+        data_dir: DataDir = None,
+        seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet (same seed, same traffic).")] = 7,
+        reset: Annotated[bool, typer.Option("--reset", help="Delete the data folder first.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="End with the summary as one JSON line.")] = False,
+    ) -> None:
+        """Run a synthetic serving fleet through the whole embedded pipeline and summarise it.
+
+        Events are kept under DATA_DIR/log, so `entroloop replay` can feed them through again.
+        """
+        from collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
+
+        settings = _settings(data_dir)
+        path = Path(settings.data_dir)
+        if path.exists() and any(path.iterdir()):
+            if not reset:
+                console.print(
+                    f"[red]{path} already holds data.[/red] Pass --reset to start over, "
+                    "or `entroloop replay --data-dir` to feed its events through again."
+                )
+                raise typer.Exit(2)
+            _wipe(path)
+        runner = _runner(settings)
+        fleet = SyntheticFleet(seed=seed)
+        truth: dict[str, list[tuple[str, int, int]]] = {}
+        injected_poison = 0
+        with _progress() as progress:
+            task = progress.add_task("fleet → bus", total=requests)
+            for i, req in enumerate(fleet.requests(requests)):
+                for record in req.records:
+                    runner.publish(record)
+                lab = req.labels
+                spans = [("repetition_loop", *s) for s in lab.loops] + [("gibberish", *s) for s in lab.gibberish]
+                if spans:
+                    truth[lab.request_id] = spans
+                if i % 500 == 250:  # poison records a real topic sees, mixed into the stream
+                    valid = next(r for r in req.records if isinstance(r, TokenEntropy))
+                    for _, payload in malformed_payloads(fleet.rng, _encode(valid)):
+                        runner.publish_raw(TokenEntropy.topic, valid.request_id, payload)
+                        injected_poison += 1
+                progress.advance(task)
+            drain = progress.add_task("pipeline", total=_log_size(runner))
+
+            def advance(_topic: str, n: int) -> None:  # derived records grow the log as it drains
+                progress.update(drain, advance=n, total=_log_size(runner))
+
+            runner.drain(on_batch=advance)
+        summary = _summary(runner, truth, injected_poison)
+        runner.close()
+        _print_summary(summary, as_json)
+
+    @app.command()
+    def replay(
+        data_dir: DataDir = None,
+        as_json: Annotated[bool, typer.Option("--json", help="End with the row counts as one JSON line.")] = False,
+    ) -> None:
+        """Feed every event kept in DATA_DIR/log through the pipeline again.
+
+        Sinks are idempotent: afterwards every table has exactly the rows it had and no audit file
+        is rewritten.
+        """
+        settings = _settings(data_dir)
+        if not (Path(settings.data_dir) / "log").exists():
+            console.print(f"[red]{settings.data_dir} holds no event log.[/red] Run `entroloop demo --data-dir {settings.data_dir}` first.")
+            raise typer.Exit(2)
+        runner = _runner(settings)
+        before = runner.table_rows()
+        files_before = runner.audit.store.list()
+        runner.rewind()
+        with _progress() as progress:
+            task = progress.add_task("replay", total=_log_size(runner))
+            runner.drain(on_batch=lambda _t, n: progress.advance(task, n))
+        after = runner.table_rows()
+        result = {
+            "rows_before": before,
+            "rows_after": after,
+            "unchanged": before == after,
+            "audit_files_before": len(files_before),
+            "audit_files_after": len(runner.audit.store.list()),
+            "audit_files_rewritten": runner.audit.files_written,
+        }
+        runner.close()
+        if as_json:
+            print(json.dumps(result))
+        else:
+            out.print(f"tables unchanged: {result['unchanged']}; audit files written anew: {result['audit_files_rewritten']}")
+
+    @app.command()
+    def query(
+        sql: Annotated[str, typer.Argument(help="SQL to run; tables live in the database `entroloop`.")],
+        data_dir: DataDir = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Rows as JSON lines.")] = False,
+    ) -> None:
+        """Run SQL against the embedded ClickHouse (chDB) and print the result."""
+        from sinks.clickhouse.client import connect
+
+        settings = _settings(data_dir)
+        try:
+            client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
+            result = client.query(sql)
+        except ClickHouseLocked as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(3) from None
+        except Exception as exc:  # a SQL error is the user's to fix: show it plainly
+            console.print(f"[red]query failed:[/red] {str(exc).splitlines()[0][:500]}")
+            raise typer.Exit(1) from None
+        if as_json:
+            for row in result.result_rows:
+                print(json.dumps(dict(zip(result.column_names, row)), default=str, ensure_ascii=False))
+            return
+        table = Table(*result.column_names)
+        for row in result.result_rows:
+            table.add_row(*(str(v) for v in row))
+        out.print(table)
+
+    @app.command()
+    def migrate(data_dir: DataDir = None) -> None:
+        """Apply the ClickHouse schema migrations that are not applied yet."""
+        from sinks.clickhouse.client import connect
+        from sinks.clickhouse.schema import migrate as apply
+
+        settings = _settings(data_dir)
+        try:
+            client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
+        except ClickHouseLocked as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(3) from None
+        done = apply(client, settings.clickhouse_database)
+        out.print(f"applied {len(done)} migration(s): {', '.join(f'{m.version:04d}_{m.name}' for m in done) or 'none needed'}")
+
+    @app.command("settings")
+    def show_settings(
+        markdown: Annotated[bool, typer.Option("--markdown", help="The documentation table of every variable.")] = False,
+    ) -> None:
+        """Show the effective settings (secrets masked), or document every variable."""
+        if markdown:
+            print(settings_markdown())
+            return
+        current = _settings(None)
+        for name, value in current.model_dump().items():
+            out.print(f"ENTROLOOP_{name.upper()}={value}")
+
+
+def _encode(record: Any) -> bytes:
+    from entroloop.codec import encode
+
+    return encode(record)
+
+
+def _log_size(runner: Any) -> int:
+    return sum(runner.log.count(t.name) for t in TOPICS)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=False,
+    )
+
+
+def _summary(runner: Any, truth: dict[str, list[tuple[str, int, int]]], injected_poison: int) -> dict[str, Any]:
+    alerts = runner.clickhouse.client.query(
+        f"SELECT rule, request_id, token_start, token_end FROM {runner.clickhouse.database}.alerts FINAL "
+        "WHERE rule IN ('repetition_loop', 'gibberish')"
+    ).result_rows
+    stored = runner.stored_counts()
+    emitted = {t.name: runner.published.get(t.name, 0) for t in TOPICS}
+    return {
+        "events_emitted": emitted,
+        "stored": stored,
+        "lost": {t: emitted[t] - stored[t] for t in emitted if emitted[t] != stored[t]},
+        "rows": runner.table_rows(),
+        "dead_letters": stored[DeadLetter.topic],
+        "dead_letter_reasons": dict(runner.dead_letter_reasons),
+        "malformed_injected": injected_poison,
+        "audit_files": runner.audit.files_written,
+        "audit_records": runner.audit.records_written,
+        "anomalies": score_anomalies([tuple(a) for a in alerts], truth),
+    }
+
+
+def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    table = Table("topic", "emitted", "stored", title="entroloop demo")
+    for topic, n in summary["events_emitted"].items():
+        table.add_row(topic, str(n), str(summary["stored"][topic]))
+    out.print(table)
+    a = summary["anomalies"]
+    out.print(
+        f"anomalies: found {a['found']} (injected {a['injected']}, precision {a['precision']}, recall {a['recall']}); "
+        f"dead letters: {summary['dead_letters']} of {summary['malformed_injected']} malformed injected "
+        f"{summary['dead_letter_reasons']}; audit files: {summary['audit_files']} "
+        f"({summary['audit_records']} records); lost: {summary['lost'] or 'none'}"
+    )
+    if as_json:
+        print(json.dumps(summary, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))

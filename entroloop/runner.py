@@ -1,0 +1,180 @@
+"""The embedded runner: the whole pipeline in one process, no services.
+
+Serving-side code publishes encoded records onto the embedded bus (``entroloop.bus.LocalLog``);
+``drain`` then consumes every topic partition by partition in offset-aligned batches, exactly as
+the Kafka workers and sinks do: decode (poison bytes become dead letters), run the processors
+subscribed to the record type and publish what they emit, write the batch to ClickHouse (and the
+audit topic to write-once Parquet), and only then commit the offsets. Because batches are cut at
+multiples of ``batch_size``, re-reading a log cuts the same batches, so insert deduplication
+tokens and audit object keys repeat and redelivery stores nothing twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from entroloop.bus import LocalLog, OffsetStore
+from entroloop.codec import CodecError, decode, dead_letter_fields, encode
+from entroloop.ids import derived_event_id
+from entroloop.records import Audit, DeadLetter, Event
+from entroloop.settings import Settings
+from entroloop.topics import TOPIC_BY_NAME, TOPICS, topic_of
+from sinks.audit.parquet_writer import AuditParquetWriter
+from sinks.audit.worm_store import LocalWormStore
+from sinks.clickhouse.client import connect
+from sinks.clickhouse.writer import ClickHouseSink
+from streams.base import Processor
+from streams.entropy_anomaly import EntropyAnomalyDetector
+
+RUNNER_NODE = "embedded-runner"
+
+
+def default_processors(settings: Settings) -> list[Processor]:
+    return [
+        EntropyAnomalyDetector(
+            loop_threshold=settings.loop_threshold_nats,
+            loop_min_run=settings.loop_min_run,
+            gibberish_threshold=settings.gibberish_threshold_nats,
+            gibberish_min_run=settings.gibberish_min_run,
+        )
+    ]
+
+
+class EmbeddedRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        processors: Sequence[Processor] | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.data_dir = Path(settings.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log = LocalLog(self.data_dir / "log", settings.partitions)
+        self.offsets = OffsetStore(self.data_dir / "offsets.json")
+        self.processors = list(default_processors(settings) if processors is None else processors)
+        self.batch_size = batch_size or settings.audit_batch_records
+        self.clickhouse = ClickHouseSink(
+            connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value()),
+            settings.clickhouse_database,
+        )
+        self.audit = AuditParquetWriter(LocalWormStore(self.data_dir / "worm"))
+        self.published: Counter[str] = Counter()
+        self.dead_letter_reasons: Counter[str] = Counter()
+        self._routes: dict[type, list[Processor]] = defaultdict(list)
+        for processor in self.processors:
+            for record_type in processor.inputs:
+                self._routes[record_type].append(processor)
+        self._watermark = 0.0
+
+    # --- producing -------------------------------------------------------------------------------
+    def publish(self, record: Event) -> bool:
+        """Encode and append ``record`` to its topic; False if the topic already holds its event id."""
+        topic = topic_of(record).name
+        if self.log.append(topic, record.request_id, encode(record), record.event_id) is None:
+            return False
+        self.published[topic] += 1
+        return True
+
+    def publish_raw(self, topic: str, key: str, value: bytes) -> None:
+        """Append bytes as a foreign producer would (used to inject malformed records)."""
+        self.log.append(topic, key, value)
+
+    # --- consuming -------------------------------------------------------------------------------
+    def drain(self, on_batch: Callable[[str, int], None] | None = None) -> int:
+        """Consume until every topic partition is at its end; return the number of messages read."""
+        total = 0
+        while True:
+            progressed = 0
+            for topic in TOPICS:
+                for partition in range(self.settings.partitions):
+                    progressed += self._drain_partition(topic.name, partition, on_batch)
+            if not progressed:
+                break
+            total += progressed
+            for out in self._fire_watermark():
+                self.publish(out)
+        self.log.flush()
+        self.offsets.save()
+        return total
+
+    def _drain_partition(self, topic: str, partition: int, on_batch: Callable[[str, int], None] | None) -> int:
+        start = self.offsets.get(topic, partition)
+        end = self.log.end_offset(topic, partition)
+        read = 0
+        while start < end:
+            stop = min(end, (start // self.batch_size + 1) * self.batch_size)
+            self._process_batch(topic, partition, start, self.log.read(topic, partition, start, stop))
+            self.offsets.commit(topic, partition, stop)  # only after the durable writes above
+            self.offsets.save()
+            read += stop - start
+            if on_batch:
+                on_batch(topic, stop - start)
+            start = stop
+        return read
+
+    def _process_batch(self, topic: str, partition: int, first: int, frames: list[tuple[str, bytes]]) -> None:
+        records: list[Event] = []
+        for i, (key, value) in enumerate(frames):
+            try:
+                record = decode(value, self.settings.max_record_bytes)
+            except CodecError as err:
+                self.publish(self._dead_letter(topic, partition, first + i, key, value, err))
+                continue
+            if not isinstance(record, TOPIC_BY_NAME[topic].record_type):
+                err = CodecError(f"a {type(record).__name__} record on topic {topic}")
+                err.error_type = "wrong_topic"
+                self.publish(self._dead_letter(topic, partition, first + i, key, value, err))
+                continue
+            records.append(record)
+            self._watermark = max(self._watermark, record.emitted_at)
+        last = first + len(frames) - 1
+        if records:
+            self.clickhouse.write(topic, partition, first, last, records)
+            if topic == Audit.topic:
+                self.audit.write(topic, partition, first, last, records)  # type: ignore[arg-type]
+        by_type: dict[type, list[Event]] = defaultdict(list)
+        for record in records:
+            by_type[type(record)].append(record)
+        for record_type, group in by_type.items():
+            for processor in self._routes.get(record_type, ()):
+                for out in processor.process_batch(group):
+                    self.publish(out)
+
+    def _dead_letter(self, topic: str, partition: int, offset: int, key: str, value: bytes, err: CodecError) -> DeadLetter:
+        self.dead_letter_reasons[err.error_type] += 1
+        at = time.time()
+        return DeadLetter(
+            event_id=derived_event_id(f"{topic}/{partition}/{offset}", "dead_letter", at=0.0),
+            emitted_at=at,
+            node_id=RUNNER_NODE,
+            seq=offset,
+            request_id=key,
+            source_topic=topic,
+            source_partition=partition,
+            source_offset=offset,
+            **dead_letter_fields(err, value),
+        )
+
+    def _fire_watermark(self) -> Iterable[Event]:
+        for processor in self.processors:
+            yield from processor.on_watermark(self._watermark)
+
+    # --- replay and results ----------------------------------------------------------------------
+    def rewind(self) -> None:
+        """Forget committed offsets so the next ``drain`` re-reads every topic from the start."""
+        self.offsets.reset()
+
+    def stored_counts(self) -> dict[str, int]:
+        """Distinct events stored per topic (ClickHouse rows; audit: records in Parquet files)."""
+        return {t.name: self.clickhouse.count(t.table) for t in TOPICS}
+
+    def table_rows(self) -> dict[str, int]:
+        return {t.table: self.clickhouse.count(t.table) for t in TOPICS}
+
+    def close(self) -> None:
+        self.log.close()
+        self.offsets.save()
