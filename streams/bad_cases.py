@@ -1,0 +1,261 @@
+"""Bad cases: a user's correction joined with the audited answer, diffed, labelled and scored.
+
+Feedback and audit of one request share its Kafka key (``request_id``), so both land on the same
+partition and the join needs no repartition. Either may arrive first: whichever comes first waits
+in ``state`` (a dict keyed by request id whose values are msgspec Structs, so a Faust table with a
+changelog can hold it: ``encode_entry``/``decode_entry`` are the table's value serializer) until its
+partner comes or ``ttl_s`` of event time passes. The audit stays after a join so a second
+correction of the same answer joins too; each feedback joins once (its event id is remembered).
+
+The output ``BadCase`` is derived from the feedback, so it has the same event id whichever
+arrival order produced it, and a redelivered feedback never becomes a second bad case.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import MutableMapping, Sequence
+
+import msgspec
+
+from entroloop.records import Audit, BadCase, Event, Feedback
+from entroloop.settings import Settings
+from streams.base import Processor, derive
+from streams.rules import OTHER, ResponseRules, Token, tokenize
+
+# Label added to bad cases confident enough for the regression suite the training gate replays.
+REGRESSION_LABEL = "regression"
+
+
+class JoinEntry(msgspec.Struct):
+    """What one request id is waiting with: its audit, or feedbacks that came before the audit."""
+
+    audit: Audit | None = None
+    waiting_feedback: list[Feedback] = []
+    joined_feedback_ids: list[str] = []
+    last_seen: float = 0.0
+
+
+_ENTRY_ENCODER = msgspec.msgpack.Encoder()
+_ENTRY_DECODER = msgspec.msgpack.Decoder(JoinEntry)
+
+
+def encode_entry(entry: JoinEntry) -> bytes:
+    """Table value serializer (changelog bytes)."""
+    return _ENTRY_ENCODER.encode(entry)
+
+
+def decode_entry(payload: bytes) -> JoinEntry:
+    return _ENTRY_DECODER.decode(payload)
+
+
+# --- diff and minimal failing example --------------------------------------------------------
+
+
+def token_diff(response: str, correction: str) -> list[tuple[str, str, str]]:
+    """The changes from response to correction, token by token: (op, old text, new text).
+
+    ``op`` is replace, delete or insert (equal runs are left out: the diff says what changed).
+    Texts are slices of the originals, so spacing and punctuation are exact.
+    """
+    a, b = tokenize(response), tokenize(correction)
+    matcher = difflib.SequenceMatcher(None, [t.text for t in a], [t.text for t in b], autojunk=False)
+    out = []
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            continue
+        out.append((op, _slice(response, a, i1, i2), _slice(correction, b, j1, j2)))
+    return out
+
+
+def _slice(text: str, tokens: Sequence[Token], i1: int, i2: int) -> str:
+    if i1 >= i2:
+        return ""
+    return text[tokens[i1].start : tokens[i2 - 1].end]
+
+
+def minimal_failing_span(response: str, correction: str) -> tuple[tuple[int, int], str]:
+    """The smallest span ``[start, end)`` of the response whose replacement yields the correction.
+
+    Returns the span (character offsets into the response) and its replacement, so
+    ``response[:start] + replacement + response[end:] == correction`` always holds. It strips the
+    longest common prefix and suffix, then widens to whole tokens so a label never points at
+    half a number (changing 12.5 to 12.8 blames ``12.5``, not ``5``).
+    """
+    limit = min(len(response), len(correction))
+    prefix = 0
+    while prefix < limit and response[prefix] == correction[prefix]:
+        prefix += 1
+    suffix = 0
+    while (
+        suffix < limit - prefix
+        and response[len(response) - 1 - suffix] == correction[len(correction) - 1 - suffix]
+    ):
+        suffix += 1
+    start, end = prefix, len(response) - suffix
+    # Widening stays inside the common prefix/suffix, so the identity above still holds.
+    for token in tokenize(response):
+        if token.start < start < token.end:
+            start = token.start
+        if token.start < end < token.end:
+            end = token.end
+    replacement = correction[start : len(correction) - (len(response) - end)]
+    return (start, end), replacement
+
+
+# --- confidence ------------------------------------------------------------------------------
+
+
+def bad_case_confidence(
+    labels: Sequence[str],
+    span: tuple[int, int],
+    response: str,
+    feedback: Feedback,
+    negative_rating: int,
+) -> float:
+    """How sure we are the answer was wrong in the way the labels say (0..1).
+
+    Evidence, added up: a rule explains the change (0.4); the user rated it badly (0.2); the
+    correction is focused, replacing at most a third of the answer (0.2: a rewrite says more
+    about taste than about an error); the user's error type names a label (0.1). Base 0.1.
+    """
+    score = 0.1
+    rule_labels = [label for label in labels if label != OTHER]
+    if rule_labels:
+        score += 0.4
+    if feedback.rating <= negative_rating:
+        score += 0.2
+    if response and (span[1] - span[0]) <= len(response) / 3:
+        score += 0.2
+    if feedback.error_type and feedback.error_type.lower() in rule_labels:
+        score += 0.1
+    return round(min(score, 1.0), 3)
+
+
+# --- the processor ---------------------------------------------------------------------------
+
+
+class BadCaseJoiner(Processor):
+    """Join ``Feedback`` carrying a ``corrected_answer`` with the ``Audit`` of the same request.
+
+    Input: ``Audit``, ``Feedback`` (feedback without a correction is ignored: nothing to diff).
+    Output: ``BadCase`` with ``diff`` (token_diff), ``minimal_span`` (character offsets into the
+    response, from minimal_failing_span), ``labels`` (rule labels from ``ResponseRules.compare``,
+    ``other`` when none applies, plus ``regression`` at or above ``regression_confidence``) and
+    ``confidence``.
+    """
+
+    name = "bad_cases"
+    inputs = (Audit, Feedback)
+
+    def __init__(
+        self,
+        rules: ResponseRules | None = None,
+        ttl_s: float = 7 * 86_400,
+        regression_confidence: float = 0.8,
+        negative_rating: int = 2,
+        state: MutableMapping[str, JoinEntry] | None = None,
+    ) -> None:
+        self.rules = rules or ResponseRules()
+        self.ttl_s = ttl_s
+        self.regression_confidence = regression_confidence
+        self.negative_rating = negative_rating
+        # request_id -> JoinEntry. A Faust table (with changelog) can stand in for this dict: every
+        # change is written back with ``state[key] = entry`` so the table sees it.
+        self.state: MutableMapping[str, JoinEntry] = state if state is not None else {}
+        self.expired_unjoined = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, rules: ResponseRules | None = None) -> BadCaseJoiner:
+        return cls(
+            rules=rules,
+            ttl_s=settings.badcase_join_ttl_s,
+            regression_confidence=settings.badcase_regression_confidence,
+            negative_rating=settings.badcase_negative_rating,
+        )
+
+    def process(self, record: Event) -> list[Event]:
+        if isinstance(record, Audit):
+            entry = self.state.get(record.request_id)
+            if entry is None:
+                entry = JoinEntry()
+                self.state[record.request_id] = entry
+            entry.audit = record
+            entry.last_seen = max(entry.last_seen, record.emitted_at)
+            waiting, entry.waiting_feedback = entry.waiting_feedback, []
+            cases = [case for fb in waiting if (case := self._join(entry, fb)) is not None]
+            self.state[record.request_id] = entry  # write back: a changelogged table logs on set
+            return cases
+        if isinstance(record, Feedback):
+            if not record.corrected_answer:
+                return []
+            entry = self.state.get(record.request_id)
+            if entry is None:
+                entry = JoinEntry()
+                self.state[record.request_id] = entry
+            entry.last_seen = max(entry.last_seen, record.emitted_at)
+            case = None
+            if entry.audit is None:
+                if all(fb.event_id != record.event_id for fb in entry.waiting_feedback):
+                    entry.waiting_feedback.append(record)
+            else:
+                case = self._join(entry, record)
+            self.state[record.request_id] = entry
+            return [case] if case is not None else []
+        return []
+
+    def _join(self, entry: JoinEntry, feedback: Feedback) -> BadCase | None:
+        if feedback.event_id in entry.joined_feedback_ids:
+            return None  # redelivered feedback: already a bad case
+        entry.joined_feedback_ids.append(feedback.event_id)
+        audit = entry.audit
+        assert audit is not None
+        return self.build(audit, feedback)
+
+    def build(self, audit: Audit, feedback: Feedback) -> BadCase:
+        """The bad case of one (audit, feedback) pair; pure, used by the join and by replays."""
+        response, correction = audit.response, feedback.corrected_answer
+        labels = self.rules.compare(response, correction, audit.route) or [OTHER]
+        span, _ = minimal_failing_span(response, correction)
+        confidence = bad_case_confidence(labels, span, response, feedback, self.negative_rating)
+        if confidence >= self.regression_confidence:
+            labels = [*labels, REGRESSION_LABEL]
+        return derive(
+            feedback,
+            BadCase,
+            0,
+            self.name,
+            model=audit.model,
+            prompt=audit.prompt,
+            response=response,
+            correction=correction,
+            route=audit.route,
+            adapter=audit.adapter,
+            audit_id=audit.audit_id,
+            labels=labels,
+            diff=token_diff(response, correction),
+            minimal_span=span,
+            confidence=confidence,
+        )
+
+    def on_watermark(self, event_time: float) -> list[Event]:
+        """Forget requests idle for ``ttl_s`` of event time (a feedback that never met its audit
+        is counted in ``expired_unjoined``)."""
+        horizon = event_time - self.ttl_s
+        stale = [rid for rid, entry in self.state.items() if entry.last_seen < horizon]
+        for rid in stale:
+            entry = self.state.pop(rid)
+            self.expired_unjoined += len(entry.waiting_feedback)
+        return []
+
+
+__all__ = [
+    "BadCaseJoiner",
+    "JoinEntry",
+    "REGRESSION_LABEL",
+    "bad_case_confidence",
+    "decode_entry",
+    "encode_entry",
+    "minimal_failing_span",
+    "token_diff",
+]

@@ -1,0 +1,154 @@
+"""BadCaseJoiner: join in both arrival orders, TTL, dedup, diff, minimal span, labels, confidence."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings as hsettings, strategies as st
+
+from entroloop.codec import decode, encode
+from entroloop.records import BadCase
+from streams.bad_cases import (
+    REGRESSION_LABEL,
+    BadCaseJoiner,
+    JoinEntry,
+    decode_entry,
+    encode_entry,
+    minimal_failing_span,
+    token_diff,
+)
+
+from .analytics_records import audit, feedback
+
+RESPONSE = "您的账户余额为120.00元，到期日2024-03-05。"
+CORRECTION = "您的账户余额为150.00元，到期日2024-03-05。"
+
+
+def test_join_audit_first() -> None:
+    joiner = BadCaseJoiner()
+    assert joiner.process(audit("r1", prompt="余额?", response=RESPONSE, adapter="a1")) == []
+    (case,) = joiner.process(feedback("r1", corrected=CORRECTION, rating=1))
+    assert isinstance(case, BadCase)
+    assert case.labels[0] == "numbers" and case.adapter == "a1" and case.prompt == "余额?"
+    assert case.request_id == "r1"
+
+
+def test_join_feedback_first_gives_the_same_bad_case() -> None:
+    a = audit("r2", response=RESPONSE)
+    fb = feedback("r2", corrected=CORRECTION, rating=1)
+    first = BadCaseJoiner()
+    assert first.process(fb) == []
+    (late,) = first.process(a)
+    second = BadCaseJoiner()
+    second.process(a)
+    (early,) = second.process(fb)
+    assert encode(late) == encode(early)  # same id and bytes whichever came first
+
+
+def test_feedback_without_correction_is_ignored_and_not_stored() -> None:
+    joiner = BadCaseJoiner()
+    assert joiner.process(feedback("r3", corrected="", rating=0)) == []
+    assert "r3" not in joiner.state
+
+
+def test_redelivered_feedback_yields_one_bad_case_and_second_correction_joins() -> None:
+    joiner = BadCaseJoiner()
+    fb = feedback("r4", corrected=CORRECTION)
+    joiner.process(fb)
+    joiner.process(fb)  # redelivery before the audit
+    assert len(joiner.process(audit("r4", response=RESPONSE))) == 1
+    assert joiner.process(fb) == []  # redelivery after the join
+    other = feedback("r4", corrected="您的账户余额为130.00元，到期日2024-03-05。")
+    assert len(joiner.process(other)) == 1
+
+
+def test_ttl_expires_by_event_time() -> None:
+    joiner = BadCaseJoiner(ttl_s=100)
+    joiner.process(feedback("r5", corrected=CORRECTION, at=1000.0))
+    joiner.on_watermark(1099.0)
+    assert "r5" in joiner.state
+    joiner.on_watermark(1101.0)
+    assert "r5" not in joiner.state and joiner.expired_unjoined == 1
+    assert joiner.process(audit("r5", response=RESPONSE, at=1102.0)) == []
+
+
+def test_state_survives_a_restart_through_encoded_entries() -> None:
+    """What a changelogged table does on recovery: values round-trip as bytes."""
+    joiner = BadCaseJoiner()
+    joiner.process(feedback("r6", corrected=CORRECTION))
+    changelog = {k: encode_entry(v) for k, v in joiner.state.items()}
+    restored = BadCaseJoiner(state={k: decode_entry(v) for k, v in changelog.items()})
+    (case,) = restored.process(audit("r6", response=RESPONSE))
+    assert case.correction == CORRECTION
+    assert isinstance(restored.state["r6"], JoinEntry)
+
+
+def test_state_is_written_back_on_every_change() -> None:
+    """A Faust table only changelogs on assignment: the joiner must assign, not only mutate."""
+
+    class RecordingTable(dict):
+        sets: list[str] = []
+
+        def __setitem__(self, key: str, value: JoinEntry) -> None:
+            self.sets.append(key)
+            super().__setitem__(key, msgspec.msgpack.decode(encode_entry(value), type=JoinEntry))
+
+    table = RecordingTable()
+    joiner = BadCaseJoiner(state=table)
+    joiner.process(feedback("r7", corrected=CORRECTION))
+    joiner.process(audit("r7", response=RESPONSE))
+    assert table.sets.count("r7") >= 2
+    assert table["r7"].audit is not None and table["r7"].waiting_feedback == []
+
+
+def test_bad_case_record_round_trips_the_codec() -> None:
+    joiner = BadCaseJoiner()
+    joiner.process(audit("r8", response=RESPONSE))
+    (case,) = joiner.process(feedback("r8", corrected=CORRECTION))
+    assert decode(encode(case)) == case
+
+
+def test_token_diff_cjk_characters_and_numbers() -> None:
+    assert token_diff("重量5克", "重量5千克") == [("insert", "", "千")]
+    assert token_diff(RESPONSE, CORRECTION) == [("replace", "120.00", "150.00")]
+    assert token_diff("the cat sat", "the dog sat") == [("replace", "cat", "dog")]
+    assert token_diff("a b c", "a c") == [("delete", "b", "")]
+
+
+def test_minimal_span_widens_to_whole_tokens() -> None:
+    (start, end), replacement = minimal_failing_span(RESPONSE, CORRECTION)
+    assert RESPONSE[start:end] == "120.00" and replacement == "150.00"
+    span, rep = minimal_failing_span("price 12.5 total", "price 12.8 total")
+    assert "price 12.5 total"[span[0] : span[1]] == "12.5" and rep == "12.8"
+    assert minimal_failing_span("same", "same") == ((4, 4), "")
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(st.text(alphabet="ab 12.元克千日", max_size=30), st.text(alphabet="ab 12.元克千日", max_size=30))
+def test_minimal_span_replacement_always_yields_the_correction(response: str, correction: str) -> None:
+    (start, end), replacement = minimal_failing_span(response, correction)
+    assert 0 <= start <= end <= len(response)
+    assert response[:start] + replacement + response[end:] == correction
+
+
+def test_labels_confidence_and_regression_flag() -> None:
+    joiner = BadCaseJoiner(regression_confidence=0.8, negative_rating=2)
+    joiner.process(audit("r9", response=RESPONSE))
+    (focused,) = joiner.process(feedback("r9", corrected=CORRECTION, rating=1, error_type="numbers"))
+    # rule (0.4) + negative rating (0.2) + focused edit (0.2) + error type agrees (0.1) + base 0.1
+    assert focused.confidence == 1.0
+    assert focused.labels == ["numbers", REGRESSION_LABEL]
+    assert RESPONSE[focused.minimal_span[0] : focused.minimal_span[1]] == "120.00"
+
+    joiner.process(audit("r10", response="the sky is green today"))
+    (vague,) = joiner.process(feedback("r10", corrected="I would rather not talk about the sky", rating=4))
+    assert vague.labels == ["other"] and vague.confidence < 0.5
+
+
+def test_unit_and_currency_corrections_labelled() -> None:
+    joiner = BadCaseJoiner()
+    joiner.process(audit("u1", response="每袋重量为5克。"))
+    (units,) = joiner.process(feedback("u1", corrected="每袋重量为5千克。", rating=1))
+    assert units.labels[0] == "units"
+    joiner.process(audit("c1", response="手续费为12元。"))
+    (money,) = joiner.process(feedback("c1", corrected="手续费为12.00元。", rating=1))
+    assert money.labels[0] == "currency_format"

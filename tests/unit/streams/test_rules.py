@@ -1,0 +1,119 @@
+"""streams.rules: one hand-built case per rule, both in check_response and compare."""
+
+from __future__ import annotations
+
+import pytest
+
+from streams.rules import (
+    COMPLIANCE,
+    CURRENCY_FORMAT,
+    DATES,
+    JSON_SCHEMA,
+    NUMBERS,
+    UNITS,
+    ComplianceLexicon,
+    ResponseRules,
+    bad_yuan_amounts,
+    dates,
+    invalid_dates,
+    json_schema_violations,
+    numbers,
+    quantities,
+    tokenize,
+)
+
+SCHEMA = {
+    "type": "object",
+    "required": ["amount", "currency"],
+    "properties": {"amount": {"type": "number"}, "currency": {"enum": ["CNY", "USD"]}},
+}
+
+
+def test_tokenize_splits_cjk_per_character_and_latin_by_words() -> None:
+    toks = tokenize("总价 1,234.50元, don't stop 3.5kg")
+    assert [t.text for t in toks] == ["总", "价", "1,234.50", "元", ",", "don't", "stop", "3.5", "kg"]
+    text = "总价 1,234.50元, don't stop 3.5kg"
+    assert all(text[t.start : t.end] == t.text for t in toks)
+
+
+def test_tokenize_kana_hangul_are_per_character() -> None:
+    assert [t.text for t in tokenize("東京タワー 서울")] == ["東", "京", "タ", "ワ", "ー", "서", "울"]
+
+
+def test_numbers_normalised_and_dates_excluded() -> None:
+    assert numbers("1,200.0 and 3.50 on 2024-03-05") == ["1200", "3.5"]
+
+
+def test_quantities_prefer_longest_unit() -> None:
+    assert quantities("5千克 and 3 kg and 7克") == [("5", "千克"), ("3", "kg"), ("7", "克")]
+
+
+@pytest.mark.parametrize(
+    ("text", "bad"),
+    [
+        ("共12元", ["12"]),
+        ("共12.5元", ["12.5"]),
+        ("共12.00元", []),
+        ("共1,234.50元", []),
+        ("共1,234.5元", ["1,234.5"]),
+        ("¥30", ["30"]),
+        ("￥30.00", []),
+        ("no money here 12", []),
+    ],
+)
+def test_currency_format(text: str, bad: list[str]) -> None:
+    assert bad_yuan_amounts(text) == bad
+
+
+def test_dates_parse_both_forms_and_flag_impossible_days() -> None:
+    assert dates("2024-03-05 与 2024年3月6日") == [(2024, 3, 5), (2024, 3, 6)]
+    assert invalid_dates("2024-02-30 2024-02-29 2023-13-01") == [(2024, 2, 30), (2023, 13, 1)]
+
+
+def test_compliance_lexicon_aho_corasick_offsets_case_insensitive() -> None:
+    lex = ComplianceLexicon(["保证收益", "risk-free"])
+    text = "本产品保证收益, totally RISK-FREE"
+    hits = lex.find(text)
+    assert [(text[s:e], t) for s, e, t in hits] == [("保证收益", "保证收益"), ("RISK-FREE", "risk-free")]
+    assert ComplianceLexicon([]).find(text) == []
+
+
+def test_json_schema_violations() -> None:
+    assert json_schema_violations('{"amount": 1.5, "currency": "CNY"}', SCHEMA) == []
+    assert json_schema_violations('结果：```json\n{"amount": 1.5, "currency": "CNY"}\n```', SCHEMA) == []
+    (err,) = json_schema_violations('{"amount": "1.5", "currency": "CNY"}', SCHEMA)
+    assert err.startswith("amount:")
+    assert json_schema_violations('{"amount": 1.5,', SCHEMA)[0].startswith("not valid JSON")
+    assert json_schema_violations("plain text", SCHEMA) == ["no JSON object in the response"]
+
+
+def test_check_response_finds_each_rule() -> None:
+    rules = ResponseRules(json_schemas={"json": SCHEMA})
+    found = rules.check_response("保证收益 12元 2024-02-30", route="default")
+    assert sorted({v.rule for v in found}) == sorted([COMPLIANCE, CURRENCY_FORMAT, DATES])
+    assert [v.rule for v in rules.check_response('{"amount": 1}', route="json")] == [JSON_SCHEMA]
+    assert rules.check_response("一切正常，共12.00元，2024-02-29到期") == []
+
+
+@pytest.mark.parametrize(
+    ("response", "correction", "labels"),
+    [
+        ("总价120.00元", "总价150.00元", [NUMBERS]),
+        ("重量5克", "重量5千克", [UNITS]),
+        ("weighs 5 g", "weighs 5 kg", [UNITS]),
+        ("共12元", "共12.00元", [CURRENCY_FORMAT]),
+        ("2024-03-05到期", "2024-03-06到期", [DATES]),
+        ("2024年3月5日到期", "2024-03-05到期", []),  # same date, other format: no date error
+        ("本产品保证收益", "本产品有风险", [COMPLIANCE]),
+        ("the sky is green", "the sky is blue", []),
+        ("收益100元", "收益120.00元", [NUMBERS, CURRENCY_FORMAT]),
+    ],
+)
+def test_compare_labels(response: str, correction: str, labels: list[str]) -> None:
+    assert ResponseRules().compare(response, correction) == labels
+
+
+def test_compare_json_schema_label_only_when_correction_fixes_it() -> None:
+    rules = ResponseRules(json_schemas={"json": SCHEMA})
+    assert JSON_SCHEMA in rules.compare('{"amount": "3"}', '{"amount": 3, "currency": "CNY"}', route="json")
+    assert JSON_SCHEMA not in rules.compare('{"amount": "3"}', '{"amount": "4"}', route="json")
