@@ -1,0 +1,168 @@
+"""Retrain triggers: ask for one incremental fine-tune per (model, adapter, category, window).
+
+A category is a bad-case label (``numbers``, ``units``, ``currency_format``, ``dates``,
+``json_schema``, ``compliance``, ``other``; the ``regression`` flag is not a category). Windows
+are event-time tumbling windows of ``window_s`` (an hour by default), aligned to the epoch, so a
+trigger key is the same on every replay. Two conditions, one key space:
+
+* count: the ``bad_case_count``-th high-confidence bad case of a category in the window fires at
+  once (no need to wait for the hour to end);
+* rate: bad cases of a category per audited request of the (model, adapter) in the window exceed
+  ``error_rate`` with at least ``min_requests`` requests. Checked on each bad case once enough
+  requests are in, and again when the window closes.
+
+Whichever fires first emits the ``RetrainRequest``; ``emitted`` remembers every key, so the
+other condition, a redelivered bad case or a replay never emits a second one for the same key.
+"""
+
+from __future__ import annotations
+
+from entroloop.records import Audit, BadCase, Event, RetrainRequest
+from entroloop.settings import Settings
+from streams.base import Processor
+from streams.windowing import synthesize, window_start
+
+NOT_CATEGORIES = frozenset({"regression"})
+
+
+class RetrainTrigger(Processor):
+    """Emit ``RetrainRequest`` records from ``BadCase`` counts and ``Audit`` request counts."""
+
+    name = "retrain_triggers"
+    inputs = (BadCase, Audit)
+
+    def __init__(
+        self,
+        error_rate: float = 0.05,
+        min_requests: int = 100,
+        bad_case_count: int = 20,
+        high_confidence: float = 0.8,
+        window_s: float = 3600.0,
+        grace_s: float = 5.0,
+        key_retention_s: float = 30 * 86_400,
+    ) -> None:
+        self.error_rate = error_rate
+        self.min_requests = min_requests
+        self.bad_case_count = bad_case_count
+        self.high_confidence = high_confidence
+        self.window_s = window_s
+        self.grace_s = grace_s
+        self.key_retention_s = key_retention_s
+        # (model, adapter, window_start) -> audited requests
+        self.requests: dict[tuple[str, str, float], int] = {}
+        # (model, adapter, category, window_start) -> [bad cases, high-confidence bad cases]
+        self.bad_cases: dict[tuple[str, str, str, float], list[int]] = {}
+        # trigger key -> window end; kept key_retention_s so a replay cannot trigger again.
+        self.emitted: dict[str, float] = {}
+        # bad-case event ids counted in open windows (redelivery must not count twice).
+        self.seen_bad_cases: dict[str, float] = {}
+        self.closed_until = float("-inf")
+        self.late_events = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RetrainTrigger:
+        return cls(
+            error_rate=settings.retrain_error_rate,
+            min_requests=settings.retrain_min_requests,
+            bad_case_count=settings.retrain_bad_case_count,
+            high_confidence=settings.badcase_regression_confidence,
+            window_s=settings.retrain_window_s,
+            grace_s=settings.window_grace_s,
+        )
+
+    @staticmethod
+    def trigger_key(model: str, adapter: str, category: str, start: float, window_s: float) -> str:
+        return f"{model}|{adapter}|{category}|{start:.0f}+{window_s:.0f}"
+
+    def process(self, record: Event) -> list[Event]:
+        start = window_start(record.emitted_at, self.window_s)
+        if start + self.window_s <= self.closed_until:
+            self.late_events += 1
+            return []
+        if isinstance(record, Audit):
+            key = (record.model, record.adapter, start)
+            self.requests[key] = self.requests.get(key, 0) + 1
+            return []
+        if not isinstance(record, BadCase) or record.event_id in self.seen_bad_cases:
+            return []
+        self.seen_bad_cases[record.event_id] = start + self.window_s
+        out: list[Event] = []
+        high = record.confidence >= self.high_confidence
+        categories = [c for c in dict.fromkeys(record.labels) if c not in NOT_CATEGORIES] or ["other"]
+        for category in categories:
+            counts = self.bad_cases.setdefault((record.model, record.adapter, category, start), [0, 0])
+            counts[0] += 1
+            counts[1] += int(high)
+            requests = self.requests.get((record.model, record.adapter, start), 0)
+            reason = None
+            if counts[1] >= self.bad_case_count:
+                reason = f"{counts[1]} high-confidence bad cases (>= {self.bad_case_count})"
+            elif requests >= self.min_requests and counts[0] / requests > self.error_rate:
+                reason = self._rate_reason(counts[0], requests)
+            if reason:
+                request = self._emit(record.model, record.adapter, category, start, counts, reason, len(out))
+                if request is not None:
+                    out.append(request)
+        return out
+
+    def _rate_reason(self, bad: int, requests: int) -> str:
+        return f"error rate {bad / requests:.2%} ({bad}/{requests}) above {self.error_rate:.2%}"
+
+    def _emit(
+        self,
+        model: str,
+        adapter: str,
+        category: str,
+        start: float,
+        counts: list[int],
+        reason: str,
+        index: int,
+    ) -> RetrainRequest | None:
+        key = self.trigger_key(model, adapter, category, start, self.window_s)
+        if key in self.emitted:
+            return None
+        end = start + self.window_s
+        self.emitted[key] = end
+        # The id depends on the key only, so the same trigger reached by another path (rate at
+        # close instead of count) would still be the same record: belt and braces with `emitted`.
+        return synthesize(
+            RetrainRequest,
+            self.name,
+            key,
+            end,
+            0,
+            trigger_key=key,
+            model=model,
+            adapter=adapter,
+            category=category,
+            reason=reason,
+            window_start=start,
+            window_end=end,
+            bad_case_count=counts[0],
+        )
+
+    def on_watermark(self, event_time: float) -> list[Event]:
+        """Close windows ending ``grace_s`` before ``event_time``: final rate check, then forget."""
+        horizon = event_time - self.grace_s
+        out: list[Event] = []
+        for key in sorted(k for k in self.bad_cases if k[3] + self.window_s <= horizon):
+            model, adapter, category, start = key
+            counts = self.bad_cases.pop(key)
+            requests = self.requests.get((model, adapter, start), 0)
+            if requests >= self.min_requests and counts[0] / requests > self.error_rate:
+                request = self._emit(
+                    model, adapter, category, start, counts, self._rate_reason(counts[0], requests), 0
+                )
+                if request is not None:
+                    out.append(request)
+        for key in [k for k in self.requests if k[2] + self.window_s <= horizon]:
+            del self.requests[key]
+        for event_id in [e for e, end in self.seen_bad_cases.items() if end <= horizon]:
+            del self.seen_bad_cases[event_id]
+        for key in [k for k, end in self.emitted.items() if end + self.key_retention_s <= horizon]:
+            del self.emitted[key]
+        self.closed_until = max(self.closed_until, horizon)
+        return out
+
+
+__all__ = ["RetrainTrigger"]
