@@ -18,6 +18,16 @@ from sinks.clickhouse.arrow_rows import Column, build_table
 from sinks.clickhouse.schema import migrate
 
 
+def insert_settings(token: str) -> dict[str, object]:
+    """Settings of one idempotent insert: its deduplication token, applied to the rollup views too.
+
+    The per-minute rollup tables (migration 0002) are filled by materialized views; with
+    ``deduplicate_blocks_in_dependent_materialized_views`` a redelivered batch is dropped from the
+    rollups as well as from the raw table (servers that already do this by default ignore it).
+    """
+    return {"insert_deduplication_token": token, "deduplicate_blocks_in_dependent_materialized_views": 1}
+
+
 class ClickHouseSink:
     def __init__(self, client: Any, database: str = "entroloop", apply_migrations: bool = True) -> None:
         self.client = client
@@ -42,9 +52,7 @@ class ClickHouseSink:
         table = TOPIC_BY_NAME[topic].table
         arrow = build_table(table, self.columns(table), records)
         token = f"{topic}/{partition}/{first_offset}-{last_offset}"
-        self.client.insert_arrow(
-            f"{self.database}.{table}", arrow, settings={"insert_deduplication_token": token}
-        )
+        self.client.insert_arrow(f"{self.database}.{table}", arrow, settings=insert_settings(token))
         self.inserts += 1
         self.rows_written += len(records)
         return len(records)
