@@ -43,6 +43,8 @@ class _Header(msgspec.Struct):
     schema_version: int = -1
 
 
+# msgspec reports invalid UTF-8 as UnicodeDecodeError (a ValueError), not as DecodeError
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyRecord)
 _header_decoder = msgspec.msgpack.Decoder(_Header)
@@ -58,10 +60,10 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> AnyRecord:
         raise RecordTooLarge(f"record of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     try:
         record = _decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as first:
+    except _DECODE_ERRORS as first:
         try:
             header = _header_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except _DECODE_ERRORS:
             raise MalformedRecord(str(first)) from None
         if header.schema_version != SCHEMA_VERSION and header.schema_version != -1:
             raise UnsupportedSchemaVersion(

@@ -1,0 +1,3 @@
+from entroloop.cli import main
+
+main()

@@ -1,0 +1,31 @@
+"""Fixtures shared by every test folder.
+
+chDB runs one ClickHouse engine per process and it can open only ONE data folder per process
+("EmbeddedServer already initialized with path ..."). So the test session owns one chDB folder and
+each test that needs isolation gets its own *database* in it, never its own folder. Tests that
+need a second folder run it in a subprocess.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from sinks.clickhouse.client import connect
+
+
+@pytest.fixture(scope="session")
+def chdb_dsn(tmp_path_factory) -> str:
+    return f"chdb://{tmp_path_factory.mktemp('chdb-session')}"
+
+
+@pytest.fixture(scope="session")
+def chdb_client(chdb_dsn):
+    return connect(chdb_dsn)
+
+
+@pytest.fixture
+def ch_database() -> str:
+    """A fresh, unique database name for one test (created by whoever migrates it)."""
+    return f"t_{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,80 @@
+"""Loop and gibberish rules on hand-built entropy sequences, including the run-length boundaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from entroloop.ids import NodeStamper
+from entroloop.records import Alert, TokenEntropy, pack_entropies
+from streams.entropy_anomaly import EntropyAnomalyDetector, find_runs
+
+stamper = NodeStamper("node-t")
+NORMAL = 3.0
+
+
+def tokens(values, request_id="r1", **kw) -> TokenEntropy:
+    return TokenEntropy(**stamper.stamp(), request_id=request_id, model="m", entropies=pack_entropies(values), **kw)
+
+
+def spans(alerts: list[Alert]) -> list[tuple[str, int, int]]:
+    return [(a.rule, a.token_start, a.token_end) for a in alerts]
+
+
+def test_find_runs():
+    assert find_runs(np.array([0, 1, 1, 0, 1], dtype=bool)) == [(1, 3), (4, 5)]
+    assert find_runs(np.array([], dtype=bool)) == []
+
+
+@pytest.mark.parametrize("run, expected", [(4, []), (5, [("repetition_loop", 10, 15)]), (6, [("repetition_loop", 10, 16)])])
+def test_loop_needs_min_run_consecutive_tokens(run, expected):
+    values = [NORMAL] * 10 + [0.5] * run + [NORMAL] * 10
+    assert spans(EntropyAnomalyDetector().process(tokens(values))) == expected
+
+
+def test_threshold_is_strict():
+    values = [NORMAL] * 3 + [1.5] * 10 + [4.5] * 10  # exactly at the thresholds: not anomalous
+    assert EntropyAnomalyDetector().process(tokens(values)) == []
+
+
+def test_gibberish_run_and_runs_at_both_edges():
+    values = [5.2] * 6 + [NORMAL] * 5 + [0.2] * 7
+    assert spans(EntropyAnomalyDetector().process(tokens(values))) == [
+        ("repetition_loop", 11, 18),
+        ("gibberish", 0, 6),
+    ]
+
+
+def test_isolated_dips_and_spikes_are_normal():
+    values = [NORMAL, 0.1, NORMAL, 0.1, 0.1, NORMAL, 5.5, NORMAL, 6.0, 6.0, 6.0, 6.0, NORMAL]
+    assert EntropyAnomalyDetector().process(tokens(values)) == []
+
+
+def test_configurable_thresholds():
+    detector = EntropyAnomalyDetector(loop_threshold=2.0, loop_min_run=3)
+    assert spans(detector.process(tokens([NORMAL, 1.8, 1.8, 1.8, NORMAL]))) == [("repetition_loop", 1, 4)]
+
+
+def test_loop_spanning_chunks_is_one_alert_with_absolute_positions():
+    detector = EntropyAnomalyDetector()
+    first = tokens([NORMAL] * 8 + [0.3] * 3, chunk_index=0, first_token_index=0, final=False)
+    second = tokens([0.3] * 4 + [NORMAL] * 4, chunk_index=1, first_token_index=11, final=True)
+    assert detector.process(first) == []
+    assert spans(detector.process(second)) == [("repetition_loop", 8, 15)]
+
+
+def test_run_ending_exactly_at_chunk_boundary_is_reported_by_next_chunk():
+    detector = EntropyAnomalyDetector()
+    detector.process(tokens([NORMAL] * 2 + [0.3] * 6, chunk_index=0, final=False))
+    assert spans(detector.process(tokens([NORMAL] * 4, chunk_index=1, first_token_index=8))) == [("repetition_loop", 2, 8)]
+
+
+def test_alerts_carry_span_rule_baseline_and_deterministic_ids():
+    record = tokens([NORMAL] * 5 + [0.4] * 8)
+    a1 = EntropyAnomalyDetector().process(record)
+    a2 = EntropyAnomalyDetector().process(record)
+    assert a1 == a2  # reprocessing yields identical records (idempotent sinks absorb them)
+    alert = a1[0]
+    assert alert.source_event_id == record.event_id and alert.request_id == "r1"
+    assert alert.baseline.startswith("static:") and alert.threshold == 1.5
+    assert abs(alert.value - 0.4) < 1e-2
