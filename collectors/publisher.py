@@ -1,0 +1,424 @@
+"""The serving node's Kafka publisher: never blocks the caller, never loses a record silently.
+
+``publish(record)`` appends the record to a bounded in-memory queue and returns (a deque append: no
+lock, no encoding, no I/O). A daemon thread encodes the queued records and hands them to a
+confluent-kafka (librdkafka) producer with ``acks=all``, idempotence, compression and batching.
+
+When the broker is unreachable (all brokers down, or deliveries failing / timing out), records go
+to a local append-only spool file (``collectors.spool``) and are replayed in order once a metadata
+probe reaches the broker again. While the spool holds anything, new records are appended behind it,
+so replay keeps the order in which records were published. If the queue is full (the thread cannot
+keep up), the caller's record goes straight to the spool. A record is dropped only when the spool
+has reached its disk limit; that is counted (``dropped``) and logged as an error.
+
+Counters (``stats()``): ``sent`` (delivered live), ``spooled``, ``replayed``
+(delivered from the spool), ``failed`` (rejected by the broker for good, e.g. too large: logged),
+``dropped``, ``delivery_errors`` (transient failures that were spooled), plus the gauges
+``queued`` and ``spool_bytes``.
+
+Fork-safe (``os.register_at_fork``): a forked child gets its own empty queue, its own producer,
+thread and spool file; the parent's librdkafka handle is never touched in the child.
+
+Topic: the record class's topic (``entroloop.topics``) with ``Settings.topic_prefix`` in front;
+key: ``request_id``. Partitioner ``consistent_random`` = CRC32 of the key, as
+``entroloop.topics.partition_for``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from entroloop import codec
+from entroloop.records import Event
+from entroloop.settings import Settings
+
+from collectors.spool import FsyncPolicy, Spool, SpoolFull, SpoolLocked, orphan_spools
+
+log = logging.getLogger(__name__)
+
+# librdkafka error codes that mean "the broker (not this record) is the problem": spool and retry.
+_TRANSIENT_CODES = {
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._PURGE_QUEUE,
+    KafkaError._PURGE_INFLIGHT,
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.NETWORK_EXCEPTION,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._DESTROY,
+}
+
+
+@dataclass
+class PublisherConfig:
+    """Everything the publisher needs; ``from_settings`` maps the ``ENTROLOOP_`` variables."""
+
+    bootstrap: str
+    spool_dir: Path
+    topic_prefix: str = ""
+    client_id: str = "entroloop-publisher"
+    queue_size: int = 200_000
+    spool_max_bytes: int = 1 << 30
+    fsync: FsyncPolicy = "batch"
+    compression: str = "lz4"
+    linger_ms: int = 20
+    delivery_timeout_ms: int = 10_000
+    """A record not acknowledged within this time is spooled (librdkafka ``message.timeout.ms``)."""
+    probe_interval_s: float = 1.0
+    replay_chunk: int = 20_000
+    producer_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> PublisherConfig:
+        if not settings.kafka_bootstrap:
+            raise ValueError(
+                "ENTROLOOP_KAFKA_BOOTSTRAP is empty: the Kafka publisher needs a broker "
+                "(the embedded mode publishes through the in-process bus instead)"
+            )
+        values: dict[str, Any] = {
+            "bootstrap": settings.kafka_bootstrap,
+            "spool_dir": Path(getattr(settings, "publisher_spool_dir", "") or settings.data_dir / "spool"),
+            "topic_prefix": settings.topic_prefix,
+            "client_id": f"entroloop-{settings.node_id}",
+        }
+        for name in ("queue_size", "spool_max_bytes", "fsync", "compression", "linger_ms", "delivery_timeout_ms"):
+            if hasattr(settings, f"publisher_{name}"):
+                values[name] = getattr(settings, f"publisher_{name}")
+        values.update(overrides)
+        return cls(**values)
+
+    def producer_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": self.client_id,
+            "acks": "all",
+            "enable.idempotence": True,
+            "compression.type": self.compression,
+            "linger.ms": self.linger_ms,
+            "batch.size": 1 << 20,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 512 * 1024,
+            "message.timeout.ms": self.delivery_timeout_ms,
+            "partitioner": "consistent_random",
+            # Notice a broker that came back within a second, not after librdkafka's default 10 s.
+            "reconnect.backoff.ms": 100,
+            "reconnect.backoff.max.ms": 1000,
+            "socket.connection.setup.timeout.ms": 5000,
+        }
+        config.update(self.producer_overrides)
+        return config
+
+
+class Publisher:
+    """Non-blocking, spooling, fork-safe Kafka publisher (see the module docstring)."""
+
+    def __init__(self, config: PublisherConfig) -> None:
+        self.config = config
+        self._counts = collections.Counter[str]()
+        self._init_process_state()
+        _live_publishers.add(self)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> Publisher:
+        return cls(PublisherConfig.from_settings(settings, **overrides))
+
+    # --- per-process state (rebuilt in a forked child) -------------------------------------------
+    def _init_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._queue: collections.deque[Event] = collections.deque()
+        self._wake = threading.Event()
+        self._idle = False
+        self._closing = False
+        self._closed = False
+        self._outage = False
+        self._last_probe = 0.0
+        self._lock = threading.Lock()
+        self._drop_logged_at = 0.0
+        self.config.spool_dir.mkdir(parents=True, exist_ok=True)
+        own = self.config.spool_dir / f"{self.config.client_id}-{self._pid}.spool"
+        self._spool = Spool(own, self.config.spool_max_bytes, self.config.fsync)
+        # Spool files left by dead processes are replayed first (a live owner's lock keeps us out).
+        self._orphans: list[Spool] = []
+        for path in orphan_spools(self.config.spool_dir, own):
+            try:
+                orphan = Spool(path, self.config.spool_max_bytes, self.config.fsync)
+            except SpoolLocked:
+                continue
+            if orphan.has_pending():
+                log.info("publisher: adopting %d spooled bytes from %s", orphan.pending_bytes, path)
+                self._orphans.append(orphan)
+            else:
+                orphan.close(remove_if_empty=True)
+        # librdkafka's own log lines go to Python logging (served by poll), not to stderr.
+        self._producer = Producer({**self.config.producer_config(), "error_cb": self._on_error, "logger": log})
+        self._thread = threading.Thread(target=self._run, name="entroloop-publisher", daemon=True)
+        self._thread.start()
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's producer, thread and spool lock belong to the parent: keep the old librdkafka
+        # handle referenced (destroying it here would touch threads that do not exist in the child)
+        # and start afresh with an empty queue (the parent still sends what was queued).
+        _abandoned_after_fork.append(self._producer)
+        self._counts = collections.Counter[str]()
+        self._init_process_state()
+
+    # --- hot path ------------------------------------------------------------------------------
+    def publish(self, record: Event) -> bool:
+        """Queue ``record`` for Kafka; return at once. False only if it was dropped."""
+        queue = self._queue
+        if len(queue) < self.config.queue_size and not self._closed:
+            queue.append(record)
+            if self._idle:
+                self._wake.set()
+            return True
+        if self._closed:
+            self._counts["dropped"] += 1
+            log.error("publisher: publish() after close(); record %s dropped", record.event_id)
+            return False
+        # The thread is behind: the record goes to the spool rather than being dropped.
+        return self._spool_record(record)
+
+    __call__ = publish
+
+    # --- background thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            try:
+                self._producer.poll(0)
+                if self._outage:
+                    self._spool_queued()
+                    if not self._probe():
+                        if self._closing:
+                            return
+                        self._wake.wait(0.05)
+                        continue
+                if self._orphans or self._spool.has_pending():
+                    self._spool_queued()
+                    self._replay_chunk()
+                    continue
+                if self._queue:
+                    self._send_queued()
+                    continue
+                if self._closing:
+                    return
+                self._idle = True
+                self._wake.wait(0.05)
+                self._wake.clear()
+                self._idle = False
+            except Exception:  # noqa: BLE001 - the thread must survive anything and say so
+                log.exception("publisher: unexpected error in the background thread")
+                time.sleep(0.1)
+
+    def _topic(self, record: Event) -> str:
+        return self.config.topic_prefix + record.topic
+
+    def _send_queued(self, limit: int = 10_000) -> None:
+        queue, produce, prefix = self._queue, self._producer.produce, self.config.topic_prefix
+        on_delivery = self._on_live_delivery
+        for _ in range(min(limit, len(queue))):
+            if self._outage:
+                return
+            record = queue.popleft()
+            value = codec.encode(record)
+            while True:
+                try:
+                    produce(prefix + record.topic, value, record.request_id.encode(), on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    # librdkafka's own queue is full: wait for deliveries, then try again.
+                    self._producer.poll(0.05)
+                    if self._outage:
+                        self._spool_encoded(prefix + record.topic, record.request_id.encode(), value)
+                        return
+                except KafkaException as exc:
+                    self._counts["failed"] += 1
+                    log.error("publisher: producer refused a %s record: %s", record.topic, exc)
+                    break
+        self._producer.poll(0)
+
+    def _spool_queued(self) -> None:
+        queue = self._queue
+        while queue:
+            self._spool_record(queue.popleft(), sync=False)
+        self._spool.sync()
+
+    def _spool_record(self, record: Event, sync: bool = True) -> bool:
+        ok = self._spool_encoded(self._topic(record), record.request_id.encode(), codec.encode(record))
+        if sync:
+            self._spool.sync()
+        return ok
+
+    def _spool_encoded(self, topic: str, key: bytes, value: bytes) -> bool:
+        try:
+            self._spool.append(topic, key, value)
+        except SpoolFull as exc:
+            with self._lock:
+                self._counts["dropped"] += 1
+            now = time.monotonic()
+            if now - self._drop_logged_at > 5.0:
+                self._drop_logged_at = now
+                log.error("publisher: DROPPING records, %s (dropped so far: %d)", exc, self._counts["dropped"])
+            return False
+        with self._lock:  # the caller's thread spools too when the queue is full
+            self._counts["spooled"] += 1
+        return True
+
+    def _probe(self) -> bool:
+        """In an outage, ask the broker for metadata now and then; True once it answers."""
+        now = time.monotonic()
+        if now - self._last_probe < self.config.probe_interval_s:
+            return False
+        self._last_probe = now
+        try:
+            self._producer.list_topics(timeout=min(2.0, self.config.probe_interval_s * 2))
+        except KafkaException:
+            return False
+        log.warning("publisher: broker reachable again; replaying the spool")
+        self._outage = False
+        return True
+
+    def _replay_chunk(self) -> None:
+        """Send the next spooled frames, wait for their acks, then advance the cursor."""
+        spool = self._orphans[0] if self._orphans else self._spool
+        messages = spool.read_pending(self.config.replay_chunk)
+        if not messages:
+            if spool is not self._spool:
+                spool.close(remove_if_empty=True)
+                self._orphans.pop(0)
+            return
+        failures: list[int] = []
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failures.append(1)
+
+        produce = self._producer.produce
+        for message in messages:
+            while True:
+                try:
+                    produce(message.topic, message.value, message.key, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    self._producer.poll(0.05)
+        remaining = self._producer.flush(self.config.delivery_timeout_ms / 1000 + 5)
+        if failures or remaining:
+            # The broker went away again: keep the cursor (those frames are re-sent later;
+            # duplicates are absorbed by event_id downstream) and wait for the next probe.
+            log.warning("publisher: replay interrupted (%d failures); will retry", len(failures) + remaining)
+            self._outage = True
+            self._last_probe = time.monotonic()
+            return
+        spool.advance(messages[-1].end)
+        self._counts["replayed"] += len(messages)
+        # Live deliveries that completed during flush() were counted by their own callback.
+
+    # --- librdkafka callbacks (run on the background thread, inside poll/flush) ------------------
+    def _on_live_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self._counts["sent"] += 1
+            return
+        if err.code() in _TRANSIENT_CODES or err.retriable():
+            self._counts["delivery_errors"] += 1
+            self._outage = True
+            self._spool_encoded(msg.topic(), msg.key() or b"", msg.value() or b"")
+            return
+        self._counts["failed"] += 1
+        log.error("publisher: broker rejected a record for %s: %s", msg.topic(), err)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.code() in (KafkaError._ALL_BROKERS_DOWN,):
+            if not self._outage:
+                log.warning("publisher: all brokers down; spooling to %s", self._spool.path)
+            self._outage = True
+            self._last_probe = time.monotonic()
+        elif err.fatal():
+            log.error("publisher: fatal producer error: %s", err)
+        else:
+            log.debug("publisher: producer error: %s", err)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until everything queued and spooled is delivered; False if ``timeout`` passed."""
+        # The background thread serves the delivery callbacks; this only watches. ``_idle`` is set
+        # by the thread when it found no queue, no outage and no spool to replay.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._idle and not self._queue and len(self._producer) == 0:
+                return True
+            self._wake.set()
+            time.sleep(0.02)
+        return False
+
+    def close(self, timeout: float = 30.0) -> dict[str, int]:
+        """Deliver what can be delivered within ``timeout``; the rest stays in the spool file (the
+        next publisher in this spool folder replays it). Returns the final counters."""
+        if self._closed:
+            return self.stats()
+        delivered = self.flush(timeout)
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout=5.0)
+        self._closed = True
+        if not delivered:
+            # Nothing may be lost: whatever librdkafka still holds is purged into the spool.
+            self._spool_queued()
+            self._producer.purge()
+            self._producer.poll(0)
+            self._producer.flush(1.0)
+            self._spool.sync()
+            log.warning("publisher: closing with %d bytes left in the spool %s", self._spool.pending_bytes, self._spool.path)
+        for orphan in self._orphans:
+            orphan.close()
+        self._spool.close(remove_if_empty=True)
+        _live_publishers.discard(self)
+        return self.stats()
+
+    def stats(self) -> dict[str, int]:
+        counts = {k: self._counts[k] for k in ("sent", "spooled", "replayed", "failed", "dropped", "delivery_errors")}
+        counts["queued"] = len(self._queue)
+        counts["spool_bytes"] = self._spool.pending_bytes + sum(o.pending_bytes for o in self._orphans)
+        return counts
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def publisher_from_settings(settings: Settings, **overrides: Any) -> Publisher:
+    """The node's publisher, configured from the ``ENTROLOOP_`` settings (used by the vLLM tap)."""
+    return Publisher.from_settings(settings, **overrides)
+
+
+_live_publishers: weakref.WeakSet[Publisher] = weakref.WeakSet()
+_abandoned_after_fork: list[Producer] = []
+
+
+def _reinit_after_fork() -> None:
+    for publisher in list(_live_publishers):
+        if not publisher._closed:
+            publisher._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reinit_after_fork)
+
+__all__ = ["Publisher", "PublisherConfig", "publisher_from_settings"]
