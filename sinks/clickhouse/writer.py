@@ -18,6 +18,14 @@ from sinks.clickhouse.arrow_rows import Column, build_table
 from sinks.clickhouse.schema import migrate
 
 
+def batch_token(topic: str, ranges: Sequence[tuple[int, int, int]]) -> str:
+    """Insert deduplication token of the ``(partition, first, last)`` offset ranges of ``topic``."""
+    if len(ranges) == 1:
+        partition, first, last = ranges[0]
+        return f"{topic}/{partition}/{first}-{last}"
+    return f"{topic}/" + ",".join(f"{p}:{f}-{l}" for p, f, l in ranges)
+
+
 def insert_settings(token: str) -> dict[str, object]:
     """Settings of one idempotent insert: its deduplication token, applied to the rollup views too.
 
@@ -51,7 +59,24 @@ class ClickHouseSink:
             return 0
         table = TOPIC_BY_NAME[topic].table
         arrow = build_table(table, self.columns(table), records)
-        token = f"{topic}/{partition}/{first_offset}-{last_offset}"
+        token = batch_token(topic, [(partition, first_offset, last_offset)])
+        self.client.insert_arrow(f"{self.database}.{table}", arrow, settings=insert_settings(token))
+        self.inserts += 1
+        self.rows_written += len(records)
+        return len(records)
+
+    def write_slices(self, topic: str, slices: Sequence[Any]) -> int:
+        """One insert for several partitions' ranges of ``topic`` (``sinks.batching.Slice`` items).
+
+        The token names every range, so the same cut redelivered is dropped as a whole.
+        """
+        slices = [s for s in slices if s.records]
+        if not slices:
+            return 0
+        records = [r for s in slices for r in s.records]
+        table = TOPIC_BY_NAME[topic].table
+        arrow = build_table(table, self.columns(table), records)
+        token = batch_token(topic, [(s.partition, s.first, s.last) for s in slices])
         self.client.insert_arrow(f"{self.database}.{table}", arrow, settings=insert_settings(token))
         self.inserts += 1
         self.rows_written += len(records)

@@ -198,3 +198,20 @@ def test_edited_applied_migration_is_refused(client, database, monkeypatch):
     monkeypatch.setattr("sinks.clickhouse.schema.available_migrations", lambda: edited)
     with pytest.raises(MigrationError, match="edited after it was applied"):
         migrate(client, database)
+
+
+def test_batcher_inserts_each_topic_once_and_a_redelivered_cut_is_dropped(client, database):
+    from sinks.batching import SinkBatcher
+
+    sink = ClickHouseSink(client, database)
+    audits = sample_records(90, seed=9)["entroloop.audit.v1"]
+    for attempt in range(2):  # the second pass is a redelivery of the same offsets
+        batcher = SinkBatcher(sink, max_rows=1000, max_seconds=1.0)
+        for partition in range(3):
+            part = audits[partition * 30 : (partition + 1) * 30]
+            batcher.add("entroloop.audit.v1", partition, 0, len(part) - 1, part)
+        committed = batcher.flush_all()
+        assert sorted(committed) == [("entroloop.audit.v1", p, 30) for p in range(3)]
+    assert sink.inserts == 2  # one insert per flush holding all three partitions
+    assert _rows(client, f"SELECT count() FROM {database}.audit_index")[0][0] == 90
+    assert _rows(client, f"SELECT sum(requests) FROM {database}.requests_1m")[0][0] == 90
