@@ -8,7 +8,7 @@ PIP    := $(VENV)/bin/pip
 DEMO_DIR ?= .demo
 DEMO_REQUESTS ?= 2000
 
-.PHONY: demo test test-fast venv services-up services-down clean
+.PHONY: demo test test-fast venv services-up services-down readme-settings clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ services-up: venv
 
 services-down:
 	bash scripts/services.sh down
+
+readme-settings: venv
+	$(PY) scripts/readme_settings.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

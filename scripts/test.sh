@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# `make test`: start the real services this suite needs, run every test, stop the services.
+#
+#   1. the light suite in .venv (unit tests, chDB, Kafka, MinIO tests);
+#   2. the heavy suite (markers vllm, training, intent) in .venv-ml, which holds torch and the vLLM
+#      CPU build and is built from nothing by scripts/install_ml_env.sh (cached, idempotent).
+# Set ENTROLOOP_SKIP_ML=1 to run only the light suite while developing (CI never sets it).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+HEAVY="vllm or training or intent"
+
+stop_services() { bash scripts/services.sh down || true; }
+trap stop_services EXIT
+
+bash scripts/services.sh up || { echo "make test: could not start the test services (see .services/*/)" >&2; exit 1; }
+set -a
+# shellcheck disable=SC1091
+source .services.env
+set +a
+
+status=0
+.venv/bin/python -m pytest -m "not ($HEAVY)" "$@" || status=$?
+
+if [[ "${ENTROLOOP_SKIP_ML:-0}" != "1" ]]; then
+    bash scripts/install_ml_env.sh || { echo "make test: building .venv-ml failed" >&2; exit 1; }
+    .venv-ml/bin/python -m pytest -m "$HEAVY" "$@"
+    heavy=$?
+    # exit 5 = no test selected: allowed only while no heavy test exists yet
+    if [[ $heavy -ne 0 && $heavy -ne 5 ]]; then status=$heavy; fi
+fi
+exit $status
