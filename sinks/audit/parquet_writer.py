@@ -1,27 +1,46 @@
-"""Audit records -> write-once Parquet files with a SHA-256 each and a manifest per batch.
+"""Audit records -> write-once Parquet files, a hash-chained manifest per batch, a chain head.
 
 Object keys are derived from the batch's (topic, partition, first offset, last offset), so a batch
 redelivered after a crash maps to the same keys and is recognised instead of written twice.
 Files are partitioned by model and day (``model=M/day=YYYY-MM-DD/``) so an auditor's question
-about one model and one day touches few files.
+about one model and one day touches few files. The tamper evidence (SHA-256 per file, Merkle root
+per batch, manifests chained per topic partition, heads) is described in ``sinks.audit.manifest``.
+
+Write order is data files, then the manifest, then the head: a crash at any point leaves objects
+that a retry recreates byte for byte (``put_once`` recognises them), and a manifest written without
+its head is adopted and sealed the next time the writer opens that chain.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from entroloop.records import Audit
-from sinks.audit.worm_store import WormStore
+from sinks.audit.manifest import (
+    DATA_PREFIX,
+    HEAD_PREFIX,
+    MANIFEST_PREFIX,
+    FileEntry,
+    Head,
+    Manifest,
+    batch_name,
+    chain_name,
+    manifest_key,
+    merkle_root,
+    parse_manifest_key,
+    safe_name,
+    sha256_hex,
+)
+from sinks.audit.worm_store import ObjectExists, WormStore
 
 AUDIT_SCHEMA = pa.schema(
     [
@@ -50,20 +69,18 @@ AUDIT_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True)
-class WrittenFile:
-    key: str
-    sha256: str
-    records: int
-    bytes: int
+WrittenFile = FileEntry  # the name the first writer used
+
+
+class AuditChainError(RuntimeError):
+    """The stored chain cannot be extended safely (tampered, or a batch overlaps a written one)."""
 
 
 def _day(ts: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
-def _safe(value: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in value) or "_"
+_safe = safe_name
 
 
 def audit_table(records: Sequence[Audit]) -> pa.Table:
@@ -83,42 +100,126 @@ def parquet_bytes(table: pa.Table) -> bytes:
     return buf.getvalue()
 
 
+@dataclass
+class ChainState:
+    """Where one topic partition's chain ends, and which batches it already holds."""
+
+    seq: int = -1
+    last_offset: int = -1
+    manifest_key: str = ""
+    manifest_sha256: str = ""
+    batches: set[str] = field(default_factory=set)
+
+
 class AuditParquetWriter:
-    """Writes each audit batch once; counts files written and redeliveries recognised."""
+    """Writes each audit batch once and chains it; counts files written and redeliveries recognised."""
 
     def __init__(self, store: WormStore, prefix: str = "audit") -> None:
+        if prefix + "/" != DATA_PREFIX:
+            raise ValueError(f"audit data lives under {DATA_PREFIX!r}; the verifier looks there")
         self.store = store
         self.prefix = prefix
         self.files_written = 0
         self.files_skipped = 0
         self.records_written = 0
+        self.bytes_written = 0
+        self.batches_written = 0
+        self.batches_skipped = 0
+        self._chains: dict[str, ChainState] = {}
+
+    # --- chain state -----------------------------------------------------------------------------
+    def chain(self, topic: str, partition: int) -> ChainState:
+        """The chain of ``topic``/``partition`` as stored: loaded once, then kept in memory."""
+        name = chain_name(topic, partition)
+        if name not in self._chains:
+            self._chains[name] = self._load_chain(name)
+        return self._chains[name]
+
+    def _load_chain(self, name: str) -> ChainState:
+        state = ChainState()
+        heads = self.store.list(f"{HEAD_PREFIX}{name}/")
+        if heads:
+            head = Head.from_bytes(self.store.get(max(heads)))
+            state = ChainState(head.seq, head.last_offset, head.manifest_key, head.manifest_sha256)
+        manifests = []
+        for key in self.store.list(f"{MANIFEST_PREFIX}{name}-"):
+            ref = parse_manifest_key(key)
+            if ref and ref.chain == name:
+                state.batches.add(key)
+                if ref.first_offset > state.last_offset:
+                    manifests.append((ref.first_offset, key))
+        for _, key in sorted(manifests):  # written before a crash, head missing: adopt and seal
+            data = self.store.get(key)
+            manifest = Manifest.from_bytes(data)
+            if manifest.prev_manifest_sha256 != state.manifest_sha256 or manifest.seq != state.seq + 1:
+                raise AuditChainError(f"{key} does not extend the chain {name} at batch {state.seq}; run `entroloop audit verify`")
+            self._seal(manifest, sha256_hex(data), state)
+        return state
+
+    def _seal(self, manifest: Manifest, manifest_sha: str, state: ChainState) -> None:
+        head = Head(manifest.chain, manifest.seq, manifest.key, manifest_sha, manifest.last_offset)
+        self.store.put_once(head.key, head.to_bytes())
+        state.seq, state.last_offset = manifest.seq, manifest.last_offset
+        state.manifest_key, state.manifest_sha256 = manifest.key, manifest_sha
+        state.batches.add(manifest.key)
+
+    # --- writing ---------------------------------------------------------------------------------
+    def _put_file(self, key: str, data: bytes) -> tuple[str, int]:
+        """Store one data file once; return (sha256, size) of the object that holds it."""
+        try:
+            created = self.store.put_once(key, data)
+        except ObjectExists:
+            # Written by an earlier attempt of this same batch (same offsets, so the same records)
+            # with other bytes, e.g. before a Parquet library upgrade: the stored object stands.
+            existing = self.store.get(key)
+            self.files_skipped += 1
+            return sha256_hex(existing), len(existing)
+        if created:
+            self.files_written += 1
+            self.bytes_written += len(data)
+        else:
+            self.files_skipped += 1
+        return sha256_hex(data), len(data)
 
     def write(
         self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Audit]
-    ) -> list[WrittenFile]:
+    ) -> list[FileEntry]:
+        """Write the batch read at ``first_offset..last_offset``; a batch already chained is skipped."""
+        state = self.chain(topic, partition)
+        key = manifest_key(topic, partition, first_offset, last_offset)
+        if key in state.batches or last_offset <= state.last_offset:
+            self.batches_skipped += 1  # redelivered: its records are in the chain already
+            return []
+        if first_offset <= state.last_offset:
+            raise AuditChainError(
+                f"batch {first_offset}-{last_offset} of {topic}[{partition}] overlaps the chained "
+                f"offsets up to {state.last_offset}; batches must be cut at the same offsets on redelivery"
+            )
         groups: dict[tuple[str, str], list[Audit]] = defaultdict(list)
         for r in records:
             groups[(r.model, _day(r.emitted_at))].append(r)
-        batch = f"{_safe(topic)}-p{partition:03d}-{first_offset:012d}-{last_offset:012d}"
+        batch = batch_name(topic, partition, first_offset, last_offset)
         files = []
         for (model, day), group in sorted(groups.items()):
-            data = parquet_bytes(audit_table(group))
-            key = f"{self.prefix}/model={_safe(model)}/day={day}/{batch}.parquet"
-            created = self.store.put_once(key, data)
-            files.append(WrittenFile(key, hashlib.sha256(data).hexdigest(), len(group), len(data)))
-            if created:
-                self.files_written += 1
-                self.records_written += len(group)
-            else:
-                self.files_skipped += 1
-        manifest = {
-            "topic": topic,
-            "partition": partition,
-            "first_offset": first_offset,
-            "last_offset": last_offset,
-            "files": [f.__dict__ for f in files],
-        }
-        self.store.put_once(
-            f"manifests/{batch}.json", json.dumps(manifest, sort_keys=True, indent=1).encode()
+            file_key = f"{self.prefix}/model={safe_name(model)}/day={day}/{batch}.parquet"
+            sha, size = self._put_file(file_key, parquet_bytes(audit_table(group)))
+            files.append(FileEntry(file_key, sha, len(group), size))
+            self.records_written += len(group)
+        files.sort(key=lambda f: f.key)
+        manifest = Manifest(
+            topic=topic,
+            partition=partition,
+            first_offset=first_offset,
+            last_offset=last_offset,
+            seq=state.seq + 1,
+            files=tuple(files),
+            merkle_root=merkle_root([f.sha256 for f in files]),
+            prev_manifest_key=state.manifest_key,
+            prev_manifest_sha256=state.manifest_sha256,
+            records=sum(f.records for f in files),
         )
+        data = manifest.to_bytes()
+        self.store.put_once(manifest.key, data)
+        self._seal(manifest, sha256_hex(data), state)
+        self.batches_written += 1
         return files
