@@ -79,6 +79,8 @@ class Labels:
     gibberish: list[tuple[int, int]] = field(default_factory=list)
     off_intent: bool = False
     format_error: bool = False
+    error_label: str = ""
+    """The bad-case label a correction of this answer must get (empty: no injected error)."""
     corrected: bool = False
     fallback: bool = False
 
@@ -168,12 +170,16 @@ class SyntheticFleet:
         response = correct
         if rng.random() < cfg.off_intent_rate:
             labels.off_intent = True
+            labels.error_label = "off_intent"
             other = TEMPLATES[(TEMPLATES.index((language, prompt_t, answer_t)) + 2) % len(TEMPLATES)]
             response = other[2].format(**params)
         elif "{amount" in answer_t and rng.random() < cfg.format_error_rate * 2.5:
-            labels.format_error = True  # the amount loses its two decimals and its unit
-            response = correct.replace(f"{params['amount']:.2f}", f"{params['amount']:.1f}")
-            response = response.replace("元", "").replace(" USD", "")
+            # zh: the amount keeps 元 but loses its two decimals (the brief's currency format);
+            # en: the amount is rounded to a whole number (a numbers error)
+            labels.format_error = True
+            labels.error_label = "currency_format" if language == "zh" else "numbers"
+            wrong_amount = f"{params['amount']:.1f}" if language == "zh" else f"{round(params['amount'])}"
+            response = correct.replace(f"{params['amount']:.2f}", wrong_amount)
 
         stamp = lambda: node.stamp(self.clock)  # noqa: E731 - one node's clock for all its records
         records: list[Event] = []

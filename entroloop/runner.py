@@ -11,6 +11,7 @@ tokens and audit object keys repeat and redelivery stores nothing twice.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -27,20 +28,40 @@ from sinks.audit.worm_store import LocalWormStore
 from sinks.clickhouse.client import connect
 from sinks.clickhouse.writer import ClickHouseSink
 from streams.base import Processor
+from streams.bad_cases import BadCaseJoiner
 from streams.entropy_anomaly import EntropyAnomalyDetector
+from streams.entropy_baseline import EntropyBaselineDetector
+from streams.fallback_rates import FallbackRateMonitor
+from streams.intent_similarity import IntentSimilarityScorer
+from streams.response_rules import ResponseRuleChecker
+from streams.retrain_triggers import RetrainTrigger
 
 RUNNER_NODE = "embedded-runner"
 
 
-def default_processors(settings: Settings) -> list[Processor]:
-    return [
+def intent_scoring_available() -> bool:
+    """Intent similarity needs sentence-transformers (torch): the `intent` extra, not `make demo`."""
+    return importlib.util.find_spec("sentence_transformers") is not None
+
+
+def default_processors(settings: Settings, with_intent: bool | None = None) -> list[Processor]:
+    """Every stream processor, configured from settings; intent scoring only where installed."""
+    processors: list[Processor] = [
         EntropyAnomalyDetector(
             loop_threshold=settings.loop_threshold_nats,
             loop_min_run=settings.loop_min_run,
             gibberish_threshold=settings.gibberish_threshold_nats,
             gibberish_min_run=settings.gibberish_min_run,
-        )
+        ),
+        EntropyBaselineDetector.from_settings(settings),
+        BadCaseJoiner.from_settings(settings),
+        ResponseRuleChecker.from_settings(settings),
+        FallbackRateMonitor.from_settings(settings),
+        RetrainTrigger.from_settings(settings),
     ]
+    if with_intent if with_intent is not None else intent_scoring_available():
+        processors.append(IntentSimilarityScorer.from_settings(settings))
+    return processors
 
 
 class EmbeddedRunner:

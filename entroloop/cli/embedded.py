@@ -108,6 +108,8 @@ def register(app: typer.Typer) -> None:
         fleet = SyntheticFleet(seed=seed)
         truth: dict[str, list[tuple[str, int, int]]] = {}
         injected_poison = 0
+        corrections: dict[str, str] = {}
+        fallbacks_injected = 0
         with _progress() as progress:
             task = progress.add_task("fleet → bus", total=requests)
             for i, req in enumerate(fleet.requests(requests)):
@@ -117,6 +119,9 @@ def register(app: typer.Typer) -> None:
                 spans = [("repetition_loop", *s) for s in lab.loops] + [("gibberish", *s) for s in lab.gibberish]
                 if spans:
                     truth[lab.request_id] = spans
+                if lab.corrected:
+                    corrections[lab.request_id] = lab.error_label
+                fallbacks_injected += lab.fallback
                 if i % 500 == 250:  # poison records a real topic sees, mixed into the stream
                     valid = next(r for r in req.records if isinstance(r, TokenEntropy))
                     for _, payload in malformed_payloads(fleet.rng, _encode(valid)):
@@ -130,6 +135,11 @@ def register(app: typer.Typer) -> None:
 
             runner.drain(on_batch=advance)
         summary = _summary(runner, truth, injected_poison)
+        summary["bad_cases"] = _score_bad_cases(runner, corrections)
+        summary["fallback_rate"] = _fallback_rates(runner, fallbacks_injected / requests)
+        summary["intent_scoring"] = "on" if any(p.name == "intent_similarity" for p in runner.processors) else (
+            "off: install the `intent` extra (sentence-transformers) to score query/answer similarity"
+        )
         runner.close()
         _print_summary(summary, as_json)
 
@@ -263,6 +273,31 @@ def _summary(runner: Any, truth: dict[str, list[tuple[str, int, int]]], injected
     }
 
 
+def _score_bad_cases(runner: Any, corrections: dict[str, str]) -> dict[str, Any]:
+    """Did every injected correction become a bad case carrying the injected error's label?"""
+    rows = runner.clickhouse.client.query(
+        f"SELECT request_id, labels FROM {runner.clickhouse.database}.bad_cases FINAL"
+    ).result_rows
+    found = {request_id: set(labels) for request_id, labels in rows}
+    right = sum(1 for rid, label in corrections.items() if label in found.get(rid, ()))
+    return {
+        "corrections_injected": len(corrections),
+        "found": sum(1 for rid in corrections if rid in found),
+        "right_label": right,
+        "wrong_label": sorted({label for rid, label in corrections.items() if label not in found.get(rid, ())}),
+    }
+
+
+def _fallback_rates(runner: Any, injected_rate: float) -> dict[str, float]:
+    """Gateway fallback rate as stored in ClickHouse vs the rate the fleet injected."""
+    db = runner.clickhouse.database
+    fallbacks = runner.clickhouse.client.query(
+        f"SELECT count() FROM {db}.fallbacks FINAL WHERE source = 'gateway'"
+    ).result_rows[0][0]
+    requests = runner.clickhouse.count("audit_index")
+    return {"injected": round(injected_rate, 4), "stored": round(fallbacks / max(requests, 1), 4)}
+
+
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     table = Table("topic", "emitted", "stored", title="entroloop demo")
     for topic, n in summary["events_emitted"].items():
@@ -274,6 +309,12 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         f"dead letters: {summary['dead_letters']} of {summary['malformed_injected']} malformed injected "
         f"{summary['dead_letter_reasons']}; audit files: {summary['audit_files']} "
         f"({summary['audit_records']} records); lost: {summary['lost'] or 'none'}"
+    )
+    b, f = summary["bad_cases"], summary["fallback_rate"]
+    out.print(
+        f"bad cases: {b['found']} of {b['corrections_injected']} corrections, {b['right_label']} with the injected "
+        f"error's label; fallback rate stored {f['stored']:.2%} vs injected {f['injected']:.2%}; "
+        f"intent scoring: {summary['intent_scoring']}"
     )
     if as_json:
         print(json.dumps(summary, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))
