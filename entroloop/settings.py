@@ -148,6 +148,30 @@ class Settings(BaseSettings):
         description="Key of the keyed hash that pseudonymises user ids and redacted PII. Secret.",
     )
 
+    # --- audit WORM storage (sinks/audit/) -----------------------------------------------------
+    audit_store: str = Field(
+        "local",
+        description="Where audit Parquet goes: `local` (DATA_DIR/worm, read-only files) or `s3` "
+        "(S3 or MinIO with Object Lock, settings S3_*).",
+    )
+    s3_endpoint: str = Field("", description="S3 endpoint URL, e.g. `http://127.0.0.1:9000` for MinIO. Empty: AWS.")
+    s3_region: str = Field("us-east-1", description="S3 region.")
+    s3_bucket: str = Field("entroloop-audit", description="Bucket of the audit log; created with Object Lock enabled.")
+    s3_prefix: str = Field("", description="Key prefix inside the bucket (several logs can share one bucket).")
+    s3_access_key: str = Field("", description="S3 access key id. Empty: boto3's default credential chain.")
+    s3_secret_key: SecretStr = Field(SecretStr(""), description="S3 secret access key. Secret: never logged.")
+    audit_lock_mode: str = Field(
+        "COMPLIANCE",
+        description="Object Lock mode of audit objects: `COMPLIANCE` (nobody, root included, can delete "
+        "or shorten it: production) or `GOVERNANCE` (a privileged bypass exists: tests).",
+    )
+    audit_retention_days: int = Field(
+        2557, ge=1, description="Object Lock retention of each audit object, in days (default 7 years)."
+    )
+    s3_retry_seconds: float = Field(
+        300.0, gt=0, description="How long an audit write keeps retrying an unreachable S3 before failing."
+    )
+
     @field_validator("clickhouse_dsn")
     @classmethod
     def _dsn_scheme(cls, value: str) -> str:

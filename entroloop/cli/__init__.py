@@ -20,6 +20,8 @@ app = typer.Typer(
 
 COMMAND_MODULES = [
     "embedded",
+    "bench",
+    "audit",
 ]
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,106 @@
+"""``entroloop audit``: verify the write-once audit log, and read records back by audit or user id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from entroloop.settings import Settings, SettingsError, load_settings
+
+console = Console(stderr=True)
+
+audit_app = typer.Typer(
+    name="audit",
+    help="The WORM audit log: verify its tamper evidence; read records by audit id or user id.",
+    no_args_is_help=True,
+)
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", "-d", help="Embedded data folder holding worm/ (default: ENTROLOOP_DATA_DIR)."),
+]
+Store = Annotated[
+    str | None,
+    typer.Option("--store", help="`local` or `s3` (default: ENTROLOOP_AUDIT_STORE; s3 uses ENTROLOOP_S3_*)."),
+]
+
+
+def _settings(data_dir: Path | None, store: str | None) -> Settings:
+    overrides: dict[str, Any] = {}
+    if data_dir:
+        overrides["data_dir"] = data_dir
+    if store:
+        overrides["audit_store"] = store
+    try:
+        return load_settings(**overrides)
+    except SettingsError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+def _store(settings: Settings):
+    from sinks.audit.stores import local_store_path, open_worm_store
+
+    if settings.audit_store == "local" and not local_store_path(settings).exists():
+        console.print(f"[red]{local_store_path(settings)} holds no audit log[/red] (wrong --data-dir?)")
+        raise typer.Exit(2)
+    try:
+        return open_worm_store(settings)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+@audit_app.command()
+def verify(
+    data_dir: DataDir = None,
+    store: Store = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Recompute every hash, Merkle root and chain link; exit 1 naming each problem found."""
+    from sinks.audit.verify import verify_store
+
+    report = verify_store(_store(_settings(data_dir, store)))
+    if as_json:
+        print(json.dumps(report.as_dict()))
+    else:
+        for problem in report.problems:
+            console.print(f"[red]{problem.kind}[/red] {problem.key}: {problem.detail}")
+        verdict = "[green]intact[/green]" if report.ok else f"[red]{len(report.problems)} problem(s)[/red]"
+        console.print(
+            f"{report.store}: {verdict} — {report.chains} chains, {report.batches} batches, {report.files} files, "
+            f"{report.records} records, {report.bytes / 1e6:.1f} MB in {report.seconds:.2f}s"
+        )
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@audit_app.command()
+def get(
+    audit_id: Annotated[str | None, typer.Option("--audit-id", help="The audit id of one answer.")] = None,
+    user_id: Annotated[str | None, typer.Option("--user-id", help="Every record of one (pseudonymised) user id.")] = None,
+    data_dir: DataDir = None,
+    store: Store = None,
+) -> None:
+    """Print the audit records of one audit id or one user id as JSON lines (the only read paths)."""
+    from sinks.audit.reader import find_records
+
+    if (audit_id is None) == (user_id is None):
+        console.print("[red]give exactly one of --audit-id or --user-id[/red]")
+        raise typer.Exit(2)
+    column, value = ("audit_id", audit_id) if audit_id is not None else ("user_id", user_id)
+    found = 0
+    for record in find_records(_store(_settings(data_dir, store)), column, value):
+        print(json.dumps(record, ensure_ascii=False, default=str))
+        found += 1
+    if not found:
+        console.print(f"no audit record with {column} = {value!r}")
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(audit_app, name="audit")
