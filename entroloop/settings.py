@@ -139,6 +139,74 @@ class Settings(BaseSettings):
     )
     retrain_window_s: float = Field(3600.0, gt=0, description="Window of the retrain triggers (event time).")
 
+    # --- retraining loop (training/: data set, LoRA trainer, gate, registry, canary) ------------
+    base_model_path: str = Field(
+        "", description="Folder of the base model (HF format) that adapters are trained on and served with."
+    )
+    base_model_name: str = Field(
+        "", description="Model name the vLLM servers serve the base model under (empty: the folder name)."
+    )
+    training_dir: Path | None = Field(
+        None, description="Folder of training jobs (one sub-folder per trigger key). Empty: DATA_DIR/training."
+    )
+    adapter_store_dir: Path | None = Field(
+        None, description="Write-once store of adapter files and manifests. Empty: DATA_DIR/adapters."
+    )
+    lora_r: int = Field(8, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(16, ge=1, description="LoRA alpha (scaling = alpha / r).")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    lora_target_modules: list[str] = Field(
+        ["q_proj", "v_proj"], description="Module names LoRA adapts (JSON list)."
+    )
+    train_learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate (AdamW, warmup then cosine).")
+    train_max_steps: int = Field(200, ge=1, description="Optimizer steps per job.")
+    train_batch_rows: int = Field(8, ge=1, description="Packed sequences per optimizer step.")
+    train_seq_len: int = Field(512, ge=16, description="Tokens per packed sequence.")
+    train_checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every this many steps.")
+    train_precision: str = Field(
+        "auto", description="`auto` (bf16 where the hardware has it, else fp32), `bf16` or `fp32`."
+    )
+    train_seed: int = Field(0, description="Seed of initialisation and data order (same seed, same adapter).")
+    train_replay_ratio: float = Field(
+        1.0, ge=0, description="Replay examples of accepted traffic per correction (limits forgetting)."
+    )
+    train_heldout_fraction: float = Field(
+        0.2, gt=0, lt=1, description="Share of corrections and replay examples held out for the gate."
+    )
+    gate_min_improvement: float = Field(
+        0.1, ge=0, description="Gate: regression-suite pass rate must rise by at least this over the parent."
+    )
+    gate_min_pass_rate: float = Field(
+        0.5, ge=0, le=1, description="Gate: regression-suite pass rate the adapter must reach at least."
+    )
+    gate_loss_tolerance: float = Field(
+        0.05, ge=0, description="Gate: allowed relative rise of held-out loss on accepted traffic (0.05 = 5%)."
+    )
+    vllm_servers: list[str] = Field(
+        [], description="Base URLs of the vLLM servers adapters are loaded into (JSON list)."
+    )
+    canary_stage_shares: list[float] = Field(
+        [0.03, 0.3, 1.0],
+        description="Canary traffic share of each stage (3-3-3 protocol: three stages; the last share "
+        "that passes promotes the adapter).",
+    )
+    canary_stage_seconds: float = Field(180.0, gt=0, description="How long each canary stage lasts.")
+    canary_checks_per_stage: int = Field(
+        3, ge=1, description="Health checks per stage; all must pass to widen (evenly spaced)."
+    )
+    canary_min_requests: int = Field(
+        20, ge=1, description="Canary requests a check needs before its rates are judged."
+    )
+    canary_error_rate_limit: float = Field(
+        0.03, ge=0, le=1, description="Canary error rate above which the adapter is unloaded and rolled back."
+    )
+    canary_fallback_rate_limit: float = Field(
+        0.1, ge=0, le=1, description="Canary fallback rate above which the adapter is rolled back."
+    )
+    canary_anomaly_rate_limit: float = Field(
+        0.05, ge=0, le=1, description="Canary share of requests with entropy anomalies above which it is rolled back."
+    )
+
     # --- audit ---------------------------------------------------------------------------------
     audit_batch_records: int = Field(
         2_000, ge=1, description="Audit records per Parquet file (per topic partition)."
