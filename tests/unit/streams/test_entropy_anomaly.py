@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from entroloop.ids import NodeStamper
 from entroloop.records import Alert, TokenEntropy, pack_entropies
-from streams.entropy_anomaly import EntropyAnomalyDetector, find_runs
+from streams.entropy_anomaly import EntropyAnomalyDetector
 
 stamper = NodeStamper("node-t")
 NORMAL = 3.0
@@ -21,9 +23,40 @@ def spans(alerts: list[Alert]) -> list[tuple[str, int, int]]:
     return [(a.rule, a.token_start, a.token_end) for a in alerts]
 
 
-def test_find_runs():
-    assert find_runs(np.array([0, 1, 1, 0, 1], dtype=bool)) == [(1, 3), (4, 5)]
-    assert find_runs(np.array([], dtype=bool)) == []
+def runs_by_hand(values, below, threshold, min_run):
+    """The obvious loop, to check the vectorised batch implementation against."""
+    found, start = [], None
+    for i, v in enumerate([*values, None]):
+        inside = v is not None and (v < threshold if below else v > threshold)
+        if inside and start is None:
+            start = i
+        elif not inside and start is not None:
+            if i - start >= min_run:
+                found.append((start, i))
+            start = None
+    return found
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.3, 1.4, 1.6, 3.0, 4.4, 4.6, 6.0]), max_size=40), min_size=1, max_size=8))
+def test_batch_finds_exactly_the_runs_a_plain_loop_finds(sequences):
+    records = [tokens(seq, request_id=f"r{i}") for i, seq in enumerate(sequences)]
+    got = spans_by_request(EntropyAnomalyDetector().process_batch(records))
+    expected = {}
+    for i, seq in enumerate(sequences):
+        f16 = [float(np.float16(v)) for v in seq]
+        runs = [("repetition_loop", *r) for r in runs_by_hand(f16, True, 1.5, 5)]
+        runs += [("gibberish", *r) for r in runs_by_hand(f16, False, 4.5, 5)]
+        if runs:
+            expected[f"r{i}"] = sorted(runs)
+    assert got == expected
+
+
+def spans_by_request(alerts):
+    out = {}
+    for a in alerts:
+        out.setdefault(a.request_id, []).append((a.rule, a.token_start, a.token_end))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 @pytest.mark.parametrize("run, expected", [(4, []), (5, [("repetition_loop", 10, 15)]), (6, [("repetition_loop", 10, 16)])])

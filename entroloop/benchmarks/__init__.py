@@ -1,0 +1,1 @@
+"""Benchmarks behind `entroloop bench ...`: each returns figures that BENCHMARKS.md reports."""

@@ -1,0 +1,92 @@
+"""Figures and the BENCHMARKS.md they make.
+
+A figure is measured in one run against a stated baseline (or target) on a named machine, so the
+file says what was measured where, and which targets are not met yet. ``write_benchmarks`` merges
+figures into BENCHMARKS.md by section, so `entroloop bench sinks` updates only its own rows and
+`entroloop bench all` rewrites everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class Figure:
+    section: str
+    name: str
+    value: float | None
+    unit: str
+    target: str = ""
+    met: bool | None = None
+    baseline: str = ""
+    note: str = ""
+
+    def cell(self) -> str:
+        if self.value is None:
+            return "n/a"
+        v = self.value
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())[1])
+        mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, TypeError):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores{mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+HOW_TO = {
+    "detectors": "`entroloop bench detectors` — processors over the synthetic fleet on one core; precision/recall against the fleet's injected labels.",
+    "sinks": "`entroloop bench sinks` — one sink process inserting into chDB; Parquet writing; audit verification.",
+    "collector": "`entroloop bench collector` — the same engine and workload without the entropy tap, with it, and with top-20 logprobs + host entropy.",
+    "publisher": "`entroloop bench publisher` — hot-path enqueue latency and throughput of the serving-side publisher.",
+    "lag": "`entroloop bench lag` — emit → queryable lag per event through the pipeline at a fixed request rate.",
+}
+
+
+def write_benchmarks(figures: list[Figure], path: Path = Path("BENCHMARKS.md")) -> Path:
+    """Merge ``figures`` into ``path`` (sections present in ``figures`` are replaced)."""
+    data_path = path.with_suffix(".json")
+    stored: dict[str, list[dict]] = json.loads(data_path.read_text()) if data_path.exists() else {}
+    sections = {f.section for f in figures}
+    for section in sections:
+        stored[section] = [asdict(f) for f in figures if f.section == section]
+    stored["_machine"] = [{"machine": machine(), "date": time.strftime("%Y-%m-%d")}]
+    data_path.write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n")
+
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `entroloop bench ...` (`entroloop bench all` rewrites every section); do not edit by hand.",
+        f"Machine: {stored['_machine'][0]['machine']} (measured {stored['_machine'][0]['date']}).",
+        "Each figure is measured in one run; ratios compare variants measured in that same run.",
+        "",
+    ]
+    for section in sorted(k for k in stored if not k.startswith("_")):
+        lines += [f"## {section}", "", HOW_TO.get(section, ""), ""]
+        lines += ["| figure | measured | unit | target | met | baseline / note |", "|---|---|---|---|---|---|"]
+        for f in (Figure(**d) for d in stored[section]):
+            met = "" if f.met is None else ("yes" if f.met else "**no**")
+            note = "; ".join(x for x in (f.baseline, f.note) if x)
+            lines.append(f"| {f.name} | {f.cell()} | {f.unit} | {f.target} | {met} | {note} |")
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path

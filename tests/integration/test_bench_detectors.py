@@ -1,0 +1,24 @@
+"""`entroloop bench detectors` reports quality and speed per detector and writes the Markdown report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_bench_detectors_json_and_report(tmp_path):
+    out = tmp_path / "BENCH.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "entroloop.cli", "bench", "detectors", "--requests", "400", "--out", str(out), "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in ("repetition_loop", "gibberish", "bad_cases", "fallback_rates"):
+        assert set(result[name]) == {"precision", "recall", "events_per_s"}
+        assert result[name]["events_per_s"] > 0
+    assert result["repetition_loop"]["recall"] >= 0.95 and result["repetition_loop"]["precision"] >= 0.9
+    text = out.read_text()
+    assert "| repetition_loop events/s (1 core)" in text and "Machine:" in text
+    assert (tmp_path / "BENCH.json").exists()
