@@ -1,0 +1,323 @@
+"""The Faust adapter: the same ``Processor`` objects as the embedded runner, wired to Kafka topics.
+
+One agent per input topic. Each agent reads raw bytes (``value_serializer="raw"``), decodes them
+with ``entroloop.codec`` (a poison record becomes a ``DeadLetter`` with the reason, never an
+exception in the loop), hands the records to every processor subscribed to their type (in a
+one-thread executor, so a slow processor does not stall the event loop and the processor's state
+is only ever touched by one thread) and sends what they return to the records' topics, keyed by
+``request_id``.
+
+Delivery is at-least-once (``processing_guarantee="at_least_once"``; Faust's exactly-once mode has
+open loss and duplication bugs, see DESIGN.md). An input offset is acknowledged only after the
+processor ran and its outputs were handed to the producer, and Faust flushes the producer before
+every offset commit, so a crash re-processes instead of losing; derived records carry
+deterministic ids (``streams.base.derive``), so the sinks absorb the repeats.
+
+Guard against faust-streaming issue 606: with ``concurrency > 1`` Faust can commit an offset past
+an event that is still being processed (``Consumer._new_offset`` treats a one-offset hole at the
+committed head as a compaction gap), and a crash then loses that event. Each agent therefore runs
+exactly one actor, which processes its topic's events in offset order per partition, so an event
+is never acknowledged before an earlier one of the same partition. ``build_streams_app`` refuses
+``concurrency != 1`` unless the caller explicitly accepts the loss (only the test that proves the
+guard does that). Scale with partitions and more worker processes instead.
+
+Health: every ``health_interval`` seconds each worker publishes ``Health`` records with the
+consumer lag (log end offset minus committed offset) per assigned partition and the age of the
+last successful offset commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from faust.sensors import Sensor
+
+from entroloop.codec import CodecError, decode, dead_letter_fields, encode
+from entroloop.ids import NodeStamper, derived_event_id
+from entroloop.records import DeadLetter, Event, Health
+from entroloop.settings import Settings
+from entroloop.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
+from streams.base import Processor
+
+log = logging.getLogger(__name__)
+
+ISSUE_606 = "https://github.com/faust-streaming/faust/issues/606"
+
+
+class UnsafeConcurrency(ValueError):
+    """Agent concurrency above 1 can commit past an in-flight event (faust-streaming issue 606)."""
+
+
+@dataclass
+class StreamsConfig:
+    bootstrap: str
+    topic_prefix: str = ""
+    app_id: str = "entroloop-streams"
+    partitions: int = 6
+    batch_size: int = 500
+    """Most records handed to a processor at once (``stream.take_events``)."""
+    batch_within_s: float = 0.2
+    commit_interval_s: float = 1.0
+    health_interval_s: float = 10.0
+    max_record_bytes: int = 1 << 20
+    concurrency: int = 1
+    allow_unsafe_concurrency: bool = False
+    """Only for the test that proves the issue-606 guard: accept concurrency > 1 and its loss."""
+    node_id: str = field(default_factory=lambda: f"streams@{socket.gethostname()}:{os.getpid()}")
+    faust_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> StreamsConfig:
+        if not settings.kafka_bootstrap:
+            raise ValueError("ENTROLOOP_KAFKA_BOOTSTRAP is empty: the Faust worker needs a Kafka broker")
+        values: dict[str, Any] = {
+            "bootstrap": settings.kafka_bootstrap,
+            "topic_prefix": settings.topic_prefix,
+            "partitions": settings.partitions,
+            "max_record_bytes": settings.max_record_bytes,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+class CommitTracker(Sensor):
+    """Remembers the last committed offset per partition and when the last commit succeeded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed: dict[Any, int] = {}
+        self.last_commit_at: float = time.time()
+
+    def on_tp_commit(self, tp_offsets: Any) -> None:
+        self.committed.update(tp_offsets)
+        self.last_commit_at = time.time()
+
+
+class StreamsApp:
+    """A Faust app running ``processors``; ``app`` is the ``faust.App`` (``app.main()`` runs a worker)."""
+
+    def __init__(self, config: StreamsConfig, processors: Sequence[Processor]) -> None:
+        if config.concurrency != 1 and not config.allow_unsafe_concurrency:
+            raise UnsafeConcurrency(
+                f"agent concurrency {config.concurrency} can commit an offset past an event still in "
+                f"flight and lose it on a crash ({ISSUE_606}); run more worker processes instead"
+            )
+        self.config = config
+        self.processors = list(processors)
+        self.stamper = NodeStamper(config.node_id)
+        self.commits = CommitTracker()
+        self.counts: dict[str, int] = defaultdict(int)
+        self.app = faust.App(
+            config.topic_prefix + config.app_id,
+            broker=f"kafka://{config.bootstrap}",
+            value_serializer="raw",
+            key_serializer="raw",
+            processing_guarantee="at_least_once",
+            store="memory://",
+            web_enabled=False,
+            topic_partitions=config.partitions,
+            topic_allow_declare=False,
+            consumer_auto_offset_reset="earliest",
+            broker_commit_interval=config.commit_interval_s,
+            producer_acks=-1,
+            datadir=os.environ.get("ENTROLOOP_FAUST_DATADIR", f"/tmp/entroloop-faust-{os.getpid()}"),
+            **config.faust_options,
+        )
+        self.app.sensors.add(self.commits)
+        self._out_topics: dict[str, Any] = {}
+        self._routes: dict[type[Event], list[Processor]] = defaultdict(list)
+        for processor in self.processors:
+            for record_type in processor.inputs:
+                self._routes[record_type].append(processor)
+        self.input_topics = sorted({TOPIC_BY_TYPE[t].name for t in self._routes})
+        for name in self.input_topics:
+            self._add_agent(name)
+        self.app.timer(config.health_interval_s)(self._publish_health)
+
+    # --- wiring --------------------------------------------------------------------------------
+    def _topic(self, name: str) -> Any:
+        full = self.config.topic_prefix + name
+        if full not in self._out_topics:
+            self._out_topics[full] = self.app.topic(full, value_serializer="raw", key_serializer="raw")
+        return self._out_topics[full]
+
+    def _add_agent(self, topic_name: str) -> None:
+        source = self._topic(topic_name)
+        record_type = TOPIC_BY_NAME[topic_name].record_type
+        processors = self._routes[record_type]
+        # One thread per agent: processor state is touched by one thread only, the loop stays free.
+        executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.config.concurrency, thread_name_prefix=f"proc-{topic_name}"
+        )
+        config = self.config
+
+        async def agent(stream: Any) -> None:
+            loop = asyncio.get_running_loop()
+            async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
+                records, dead = self._decode_batch(topic_name, record_type, events)
+                outputs = await loop.run_in_executor(executor, self._run_processors, topic_name, processors, records)
+                await self._send_all([*dead, *outputs])
+                # take_events acknowledges this batch when the loop comes back here: after the
+                # outputs are in the producer, which Faust flushes before it commits the offsets.
+
+        agent.__name__ = agent.__qualname__ = "agent_" + topic_name.replace(".", "_")
+        self.app.agent(source, name=f"{self.app.conf.id}.{topic_name}", concurrency=config.concurrency)(agent)
+
+    # --- per batch -----------------------------------------------------------------------------
+    def _decode_batch(
+        self, topic: str, record_type: type[Event], events: Sequence[Any]
+    ) -> tuple[list[tuple[Event, Any]], list[DeadLetter]]:
+        records: list[tuple[Event, Any]] = []
+        dead: list[DeadLetter] = []
+        for event in events:
+            message = event.message
+            value: bytes = event.value or b""
+            try:
+                record = decode(value, self.config.max_record_bytes)
+                if not isinstance(record, record_type):
+                    err = CodecError(f"a {type(record).__name__} record on topic {topic}")
+                    err.error_type = "wrong_topic"
+                    raise err
+            except CodecError as err:
+                dead.append(self.dead_letter(topic, message.partition, message.offset, message.key, value, err))
+                continue
+            records.append((record, message))
+        self.counts["records"] += len(records)
+        self.counts["dead_letters"] += len(dead)
+        return records, dead
+
+    def _run_processors(
+        self, topic: str, processors: Sequence[Processor], batch: list[tuple[Event, Any]]
+    ) -> list[Event]:
+        """Runs on the agent's executor thread.
+
+        Faust acknowledges a batch even when the agent raises (``take_events`` acks in a
+        ``finally``), so raising would lose the batch. Processors are pure, so an exception is a
+        deterministic bug: the batch is retried record by record and the records that still fail
+        become dead letters (``error_type="processor_error"``): kept, counted, replayable.
+        """
+        out: list[Event] = []
+        if not batch:
+            return out
+        records = [record for record, _ in batch]
+        watermark = max(r.emitted_at for r in records)
+        for processor in processors:
+            try:
+                out.extend(processor.process_batch(records))
+            except Exception:  # noqa: BLE001 - see the docstring
+                log.exception("processor %s failed on a batch of %d records; isolating", processor.name, len(records))
+                for record, message in batch:
+                    try:
+                        out.extend(processor.process_batch([record]))
+                    except Exception as exc:  # noqa: BLE001
+                        err = CodecError(f"{processor.name}: {exc!r}"[:1000])
+                        err.error_type = "processor_error"
+                        out.append(self.dead_letter(topic, message.partition, message.offset, message.key, encode(record), err))
+                        self.counts["processor_errors"] += 1
+            try:
+                out.extend(processor.on_watermark(watermark))
+            except Exception:  # noqa: BLE001 - a window that cannot close is retried at the next batch
+                log.exception("processor %s failed in on_watermark", processor.name)
+        return out
+
+    async def _send_all(self, records: Sequence[Event]) -> None:
+        for record in records:
+            await self._topic(record.topic).send(key=record.request_id.encode(), value=encode(record))
+        self.counts["sent"] += len(records)
+
+    def dead_letter(
+        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes, err: CodecError
+    ) -> DeadLetter:
+        """Same shape as the embedded runner's: a redelivered poison record gets the same event id."""
+        return DeadLetter(
+            event_id=derived_event_id(f"{topic}/{partition}/{offset}", "dead_letter", at=0.0),
+            emitted_at=time.time(),
+            node_id=self.config.node_id,
+            seq=offset,
+            request_id=(key or b"").decode(errors="replace"),
+            source_topic=topic,
+            source_partition=partition,
+            source_offset=offset,
+            **dead_letter_fields(err, value),
+        )
+
+    # --- health --------------------------------------------------------------------------------
+    def health_records(self) -> list[Health]:
+        """Consumer lag per assigned partition and the age of the last commit, as Health records."""
+        consumer = self.app.consumer
+        now = time.time()
+        records = [
+            Health(
+                **self.stamper.stamp(now),
+                request_id="",
+                component="streams",
+                metric="last_commit_age_s",
+                value=now - self.commits.last_commit_at,
+                labels={"app": self.app.conf.id},
+            )
+        ]
+        prefix = self.config.topic_prefix
+        for tp in sorted(consumer.assignment(), key=lambda t: (t.topic, t.partition)):
+            if tp.topic.removeprefix(prefix) not in self.input_topics:
+                continue  # Faust's own internal topics
+            try:
+                highwater = consumer.highwater(tp)
+            except Exception:  # noqa: BLE001 - not fetched yet
+                continue
+            committed = self.commits.committed.get(tp) or consumer._committed_offset.get(tp) or 0
+            records.append(
+                Health(
+                    **self.stamper.stamp(now),
+                    request_id="",
+                    component="streams",
+                    metric="consumer_lag",
+                    value=float(max(0, (highwater or 0) - committed)),
+                    labels={"app": self.app.conf.id, "topic": tp.topic, "partition": str(tp.partition)},
+                )
+            )
+        return records
+
+    async def _publish_health(self) -> None:
+        await self._send_all(self.health_records())
+
+    # --- running -------------------------------------------------------------------------------
+    def ensure_topics(self) -> list[str]:
+        """Create every v1 topic (with the prefix) that does not exist yet."""
+        from entroloop.kafka_topics import ensure_topics
+
+        return ensure_topics(self.config.bootstrap, self.config.topic_prefix, self.config.partitions)
+
+    def run(self, loglevel: str = "warn") -> None:
+        """Run a Faust worker in this process until SIGTERM/SIGINT (topics are created first,
+        because a consumer subscribed to a missing topic is not re-subscribed for minutes)."""
+        from faust.worker import Worker
+
+        self.ensure_topics()
+        Worker(self.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+
+
+def build_streams_app(
+    settings: Settings,
+    processors: Sequence[Processor] | None = None,
+    processor_factory: Callable[[Settings], Sequence[Processor]] | None = None,
+    **overrides: Any,
+) -> StreamsApp:
+    """The worker's app from settings; processors default to the embedded runner's defaults."""
+    if processors is None:
+        if processor_factory is None:
+            from entroloop.runner import default_processors as processor_factory  # composition root
+        processors = processor_factory(settings)
+    return StreamsApp(StreamsConfig.from_settings(settings, **overrides), processors)
+
+
+__all__ = ["StreamsApp", "StreamsConfig", "UnsafeConcurrency", "build_streams_app", "ISSUE_606"]

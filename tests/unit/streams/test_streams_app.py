@@ -1,0 +1,85 @@
+"""streams/app.py without a broker: the issue-606 guard, decoding into dead letters, processor errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from entroloop import codec
+from entroloop.ids import NodeStamper
+from entroloop.records import Alert, DeadLetter, Event, Feedback, Span
+from streams.app import StreamsApp, StreamsConfig, UnsafeConcurrency
+from streams.base import Processor, derive
+
+
+class Echo(Processor):
+    name = "echo"
+    inputs = (Feedback,)
+
+    def process(self, record: Event) -> list[Event]:
+        if record.request_id == "boom":
+            raise RuntimeError("bug")
+        return [derive(record, Alert, 0, self.name, alert_key=record.event_id, rule="echo")]
+
+
+@dataclass
+class FakeMessage:
+    partition: int
+    offset: int
+    key: bytes
+
+
+@dataclass
+class FakeEvent:
+    message: FakeMessage
+    value: bytes
+
+
+def app(**overrides: object) -> StreamsApp:
+    return StreamsApp(StreamsConfig(bootstrap="127.0.0.1:1", topic_prefix="p.", **overrides), [Echo()])  # type: ignore[arg-type]
+
+
+def test_concurrency_above_one_is_refused_with_the_issue() -> None:
+    with pytest.raises(UnsafeConcurrency, match="issues/606"):
+        app(concurrency=2)
+    assert app(concurrency=2, allow_unsafe_concurrency=True).config.concurrency == 2
+
+
+def test_one_agent_per_input_topic_with_one_actor() -> None:
+    streams = app()
+    assert streams.input_topics == [Feedback.topic]
+    [agent] = streams.app.agents.values()
+    assert agent.concurrency == 1
+    assert streams.app.conf.processing_guarantee.value == "at_least_once"
+
+
+def test_poison_and_wrong_topic_records_become_dead_letters() -> None:
+    streams = app()
+    stamper = NodeStamper("n")
+    good = Feedback(**stamper.stamp(), request_id="r1", rating=1)
+    span = Span(**stamper.stamp(), request_id="r2", span_id="s", name="x", start_time=0, end_time=1)
+    events = [
+        FakeEvent(FakeMessage(0, 10, b"r1"), codec.encode(good)),
+        FakeEvent(FakeMessage(0, 11, b"bad"), b"\xc1"),
+        FakeEvent(FakeMessage(0, 12, b"r2"), codec.encode(span)),
+    ]
+    records, dead = streams._decode_batch(Feedback.topic, Feedback, events)
+    assert [r.event_id for r, _ in records] == [good.event_id]
+    assert [(d.source_offset, d.error_type) for d in dead] == [(11, "malformed"), (12, "wrong_topic")]
+    again = streams.dead_letter(Feedback.topic, 0, 11, b"bad", b"\xc1", codec.MalformedRecord("x"))
+    assert again.event_id == dead[0].event_id, "a redelivered poison record gets the same dead-letter id"
+
+
+def test_a_failing_processor_dead_letters_only_the_failing_record() -> None:
+    streams = app()
+    stamper = NodeStamper("n")
+    ok = Feedback(**stamper.stamp(), request_id="r1", rating=1)
+    boom = Feedback(**stamper.stamp(), request_id="boom", rating=1)
+    batch = [(ok, FakeMessage(0, 1, b"r1")), (boom, FakeMessage(0, 2, b"boom"))]
+    out = streams._run_processors(Feedback.topic, streams.processors, batch)
+    alerts = [o for o in out if isinstance(o, Alert)]
+    letters = [o for o in out if isinstance(o, DeadLetter)]
+    assert [a.alert_key for a in alerts] == [ok.event_id]
+    assert len(letters) == 1 and letters[0].error_type == "processor_error" and "bug" in letters[0].reason
+    assert codec.decode(letters[0].payload).event_id == boom.event_id
