@@ -266,35 +266,32 @@ SELECT
 FROM {db}.audit_index FINAL
 GROUP BY minute, model, route, adapter, prompt_template_version, tenant;
 
--- Feedback, by error type (feedback carries no model: join audit_index on request_id for that).
+-- Feedback, by error type and rating value (feedback carries no model: join audit_index on
+-- request_id for that). Keeping the rating as a key lets a query pick its own "negative" threshold.
 CREATE TABLE IF NOT EXISTS {db}.feedback_1m
 (
     minute DateTime('UTC'),
     error_type LowCardinality(String),
+    rating Int8,
     feedback SimpleAggregateFunction(sum, UInt64),
-    negative SimpleAggregateFunction(sum, UInt64),
-    corrections SimpleAggregateFunction(sum, UInt64),
-    rating_sum SimpleAggregateFunction(sum, Int64)
+    corrections SimpleAggregateFunction(sum, UInt64)
 )
 ENGINE = AggregatingMergeTree
 PARTITION BY toYYYYMM(minute)
-ORDER BY (error_type, minute)
+ORDER BY (error_type, rating, minute)
 TTL minute + INTERVAL 400 DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.feedback_1m_mv TO {db}.feedback_1m AS
 SELECT
-    toStartOfMinute(emitted_at) AS minute, error_type,
+    toStartOfMinute(emitted_at) AS minute, error_type, rating,
     toUInt64(count()) AS feedback,
-    toUInt64(countIf(rating < 0)) AS negative,
-    toUInt64(countIf(has_correction)) AS corrections,
-    toInt64(sum(rating)) AS rating_sum
+    toUInt64(countIf(has_correction)) AS corrections
 FROM {db}.feedback
-GROUP BY minute, error_type;
+GROUP BY minute, error_type, rating;
 
 INSERT INTO {db}.feedback_1m
 SELECT
-    toStartOfMinute(emitted_at) AS minute, error_type,
-    toUInt64(count()), toUInt64(countIf(rating < 0)), toUInt64(countIf(has_correction)), toInt64(sum(rating))
+    toStartOfMinute(emitted_at) AS minute, error_type, rating, toUInt64(count()), toUInt64(countIf(has_correction))
 FROM {db}.feedback FINAL
-GROUP BY minute, error_type
+GROUP BY minute, error_type, rating

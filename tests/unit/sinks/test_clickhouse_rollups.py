@@ -97,10 +97,10 @@ EXACT_PAIRS = {
         "sum(prompt_chars), sum(response_chars) FROM {db}.audit_index FINAL GROUP BY ALL ORDER BY ALL",
     ),
     "feedback": (
-        "SELECT minute, error_type, sum(feedback), sum(negative), sum(corrections), sum(rating_sum) "
+        "SELECT minute, error_type, rating, sum(feedback), sum(corrections) "
         "FROM {db}.feedback_1m GROUP BY ALL ORDER BY ALL",
-        "SELECT toStartOfMinute(emitted_at) AS minute, error_type, count(), countIf(rating < 0), countIf(has_correction), "
-        "sum(rating) FROM {db}.feedback FINAL GROUP BY ALL ORDER BY ALL",
+        "SELECT toStartOfMinute(emitted_at) AS minute, error_type, rating, count(), countIf(has_correction) "
+        "FROM {db}.feedback FINAL GROUP BY ALL ORDER BY ALL",
     ),
 }
 
