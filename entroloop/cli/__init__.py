@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "embedded",
     "bench",
     "audit",
+    "distributed",
 ]
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,116 @@
+"""Commands of the distributed mode: `entroloop worker` (Faust) and `entroloop fleet` (publish to Kafka)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from entroloop.settings import Settings, SettingsError, load_settings
+
+console = Console(stderr=True)
+out = Console()
+
+Broker = Annotated[
+    str | None,
+    typer.Option("--broker", "-b", help="Kafka bootstrap HOST:PORT (or kafka://HOST:PORT); default ENTROLOOP_KAFKA_BOOTSTRAP."),
+]
+TopicPrefix = Annotated[
+    str | None, typer.Option("--topic-prefix", help="Prefix of every topic name; default ENTROLOOP_TOPIC_PREFIX.")
+]
+
+
+def broker_address(value: str) -> str:
+    """``kafka://h:p,h2:p2`` or ``h:p`` -> ``h:p,h2:p2`` (librdkafka's bootstrap form)."""
+    return ",".join(part.strip().removeprefix("kafka://") for part in value.split(",") if part.strip())
+
+
+def distributed_settings(broker: str | None, topic_prefix: str | None, **extra: Any) -> Settings:
+    overrides: dict[str, Any] = dict(extra)
+    if broker:
+        overrides["kafka_bootstrap"] = broker_address(broker)
+    if topic_prefix is not None:
+        overrides["topic_prefix"] = topic_prefix
+    try:
+        settings = load_settings(**overrides)
+    except SettingsError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    if not settings.kafka_bootstrap:
+        console.print("[red]No broker: pass --broker HOST:PORT or set ENTROLOOP_KAFKA_BOOTSTRAP "
+                      "(`make services-up` starts a local one and writes it to .services.env).[/red]")
+        raise typer.Exit(2)
+    return settings
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def worker(
+        broker: Broker = None,
+        topic_prefix: TopicPrefix = None,
+        loglevel: Annotated[str, typer.Option(help="Faust log level: crit, error, warn, info, debug.")] = "warn",
+    ) -> None:
+        """Run a Faust stream worker: every processor of the pipeline, consuming from Kafka.
+
+        Scale by starting more workers (up to the partition count); each agent runs one actor per
+        process (the faust-streaming issue 606 guard).
+        """
+        from streams.app import build_streams_app
+
+        settings = distributed_settings(broker, topic_prefix)
+        streams = build_streams_app(settings)
+        console.print(f"worker: {len(streams.processors)} processors on {', '.join(streams.input_topics)} "
+                      f"via {settings.kafka_bootstrap}")
+        streams.run(loglevel=loglevel)
+
+    @app.command()
+    def fleet(
+        requests: Annotated[int, typer.Option("--requests", "-n", min=1, help="Requests the synthetic fleet serves.")] = 2000,
+        broker: Broker = None,
+        topic_prefix: TopicPrefix = None,
+        seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet (same seed, same traffic).")] = 7,
+        rate: Annotated[float, typer.Option(help="Requests per second (0: as fast as possible).")] = 0.0,
+        spool_dir: Annotated[Path | None, typer.Option(help="Publisher spool folder (default DATA_DIR/spool).")] = None,
+        flush_timeout: Annotated[float, typer.Option(help="Seconds to wait for delivery at the end.")] = 120.0,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the counters as one JSON line.")] = False,
+    ) -> None:
+        """Publish a synthetic serving fleet's events to Kafka through the node publisher."""
+        from collectors.publisher import Publisher
+        from collectors.synthetic_fleet import SyntheticFleet
+        from entroloop.kafka_topics import ensure_topics
+
+        settings = distributed_settings(broker, topic_prefix)
+        ensure_topics(settings.kafka_bootstrap, settings.topic_prefix, settings.partitions)
+        overrides = {"spool_dir": spool_dir} if spool_dir else {}
+        publisher = Publisher.from_settings(settings, **overrides)
+        published = 0
+        started = time.monotonic()
+        for i, request in enumerate(SyntheticFleet(seed=seed).requests(requests)):
+            for record in request.records:
+                publisher.publish(record)
+                published += 1
+            if rate > 0:
+                ahead = (i + 1) / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+        publish_s = time.monotonic() - started
+        delivered = publisher.flush(flush_timeout)
+        stats = publisher.close(timeout=5.0)
+        summary = {
+            "requests": requests,
+            "events": published,
+            "publish_s": round(publish_s, 3),
+            "total_s": round(time.monotonic() - started, 3),
+            "delivered_all": delivered,
+            **stats,
+        }
+        if as_json:
+            out.print(json.dumps(summary))
+        else:
+            out.print(" ".join(f"{k}={v}" for k, v in summary.items()))
+        if not delivered or stats["dropped"]:
+            raise typer.Exit(1)
