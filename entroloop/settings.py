@@ -240,6 +240,38 @@ class Settings(BaseSettings):
         300.0, gt=0, description="How long an audit write keeps retrying an unreachable S3 before failing."
     )
 
+    # --- Kafka publisher and Faust worker (collectors/publisher.py, streams/app.py) --------------
+    publisher_spool_dir: Path | None = Field(
+        None,
+        description="Folder of the publisher's spool files (records kept while the broker is unreachable, "
+        "replayed in order on reconnect). Empty: DATA_DIR/spool.",
+    )
+    publisher_spool_max_bytes: int = Field(
+        1 << 30, ge=1 << 16, description="Disk limit of one spool file; past it records are dropped, counted and logged as errors."
+    )
+    publisher_fsync: str = Field(
+        "batch",
+        pattern="^(always|batch|never)$",
+        description="When spooled records reach the disk: `always` (every record), `batch` (every batch) or `never` (the OS decides).",
+    )
+    publisher_queue_size: int = Field(
+        200_000, ge=1, description="Records the publisher queues in memory; when full, records go straight to the spool."
+    )
+    publisher_compression: str = Field(
+        "lz4", description="Kafka compression of published batches: `lz4`, `zstd`, `snappy`, `gzip` or `none`."
+    )
+    publisher_linger_ms: int = Field(20, ge=0, description="How long the producer waits to fill a batch (ms).")
+    publisher_delivery_timeout_ms: int = Field(
+        10_000, ge=1000, description="A record not acknowledged by the broker within this time (ms) is spooled."
+    )
+    streams_batch_size: int = Field(500, ge=1, description="Most records a Faust agent hands to a processor at once.")
+    streams_commit_interval_s: float = Field(
+        1.0, gt=0, description="How often the Faust worker commits offsets (after flushing its outputs)."
+    )
+    streams_health_interval_s: float = Field(
+        10.0, gt=0, description="How often each worker publishes Health records (consumer lag, last commit age)."
+    )
+
     @field_validator("clickhouse_dsn")
     @classmethod
     def _dsn_scheme(cls, value: str) -> str:

@@ -85,6 +85,9 @@ class StreamsConfig:
             "topic_prefix": settings.topic_prefix,
             "partitions": settings.partitions,
             "max_record_bytes": settings.max_record_bytes,
+            "batch_size": settings.streams_batch_size,
+            "commit_interval_s": settings.streams_commit_interval_s,
+            "health_interval_s": settings.streams_health_interval_s,
         }
         values.update(overrides)
         return cls(**values)
