@@ -107,7 +107,7 @@ def minimal_failing_span(response: str, correction: str) -> tuple[tuple[int, int
 
 
 def bad_case_confidence(
-    labels: Sequence[str],
+    rule_labels: Sequence[str],
     span: tuple[int, int],
     response: str,
     feedback: Feedback,
@@ -115,20 +115,22 @@ def bad_case_confidence(
 ) -> float:
     """How sure we are the answer was wrong in the way the labels say (0..1).
 
-    Evidence, added up: a rule explains the change (0.4); the user rated it badly (0.2); the
-    correction is focused, replacing at most a third of the answer (0.2: a rewrite says more
-    about taste than about an error); the user's error type names a label (0.1). Base 0.1.
+    Evidence, added up from a base of 0.1: a rule explains the change (0.3); the correction is
+    focused, replacing at most a third of the answer (0.2: a rewrite says more about taste than
+    about an error, and makes rule hits likely incidental); the user rated it badly (0.2); the
+    user declared an error type (0.1), and it names one of the rule labels (0.1 more).
     """
     score = 0.1
-    rule_labels = [label for label in labels if label != OTHER]
     if rule_labels:
-        score += 0.4
-    if feedback.rating <= negative_rating:
-        score += 0.2
+        score += 0.3
     if response and (span[1] - span[0]) <= len(response) / 3:
         score += 0.2
-    if feedback.error_type and feedback.error_type.lower() in rule_labels:
+    if feedback.rating <= negative_rating:
+        score += 0.2
+    if feedback.error_type:
         score += 0.1
+        if feedback.error_type.lower() in rule_labels:
+            score += 0.1
     return round(min(score, 1.0), 3)
 
 
@@ -141,8 +143,8 @@ class BadCaseJoiner(Processor):
     Input: ``Audit``, ``Feedback`` (feedback without a correction is ignored: nothing to diff).
     Output: ``BadCase`` with ``diff`` (token_diff), ``minimal_span`` (character offsets into the
     response, from minimal_failing_span), ``labels`` (rule labels from ``ResponseRules.compare``,
-    ``other`` when none applies, plus ``regression`` at or above ``regression_confidence``) and
-    ``confidence``.
+    then the feedback's ``error_type`` lower-cased if given, ``other`` when neither; plus
+    ``regression`` at or above ``regression_confidence``) and ``confidence``.
     """
 
     name = "bad_cases"
@@ -215,9 +217,13 @@ class BadCaseJoiner(Processor):
     def build(self, audit: Audit, feedback: Feedback) -> BadCase:
         """The bad case of one (audit, feedback) pair; pure, used by the join and by replays."""
         response, correction = audit.response, feedback.corrected_answer
-        labels = self.rules.compare(response, correction, audit.route) or [OTHER]
+        rule_labels = self.rules.compare(response, correction, audit.route)
         span, _ = minimal_failing_span(response, correction)
-        confidence = bad_case_confidence(labels, span, response, feedback, self.negative_rating)
+        confidence = bad_case_confidence(rule_labels, span, response, feedback, self.negative_rating)
+        # The user's declared error type is a label too (off_intent, for one, no rule can see).
+        declared = feedback.error_type.strip().lower()
+        labels = rule_labels + ([declared] if declared and declared not in rule_labels else [])
+        labels = labels or [OTHER]
         if confidence >= self.regression_confidence:
             labels = [*labels, REGRESSION_LABEL]
         return derive(

@@ -125,6 +125,13 @@ def numbers(text: str) -> list[str]:
     return [_norm_number(m.group(1)) for m in _NUMBER_RE.finditer(_without_dates(text))]
 
 
+def _plain_number_texts(text: str) -> list[str]:
+    """Numbers outside dates and yuan amounts as written (separators dropped): 1234.00 -> 1234 is
+    a numbers error (precision lost), while a yuan amount's decimals are the currency rule's job."""
+    text = _YUAN_RE.sub(lambda m: " " * len(m.group()), _without_dates(text))
+    return [m.group(1).replace(",", "").replace("，", "") for m in _NUMBER_RE.finditer(text)]
+
+
 def quantities(text: str) -> list[tuple[str, str]]:
     """(number, unit) for every number followed by a known unit; unit lower-cased."""
     out = []
@@ -270,7 +277,9 @@ class ResponseRules:
     def compare(self, response: str, correction: str, route: str = "default") -> list[str]:
         """Labels explaining what the correction changed, in ``RULES`` order; [] if none applies."""
         labels: set[str] = set()
-        if Counter(numbers(response)) != Counter(numbers(correction)):
+        if Counter(numbers(response)) != Counter(numbers(correction)) or Counter(
+            _plain_number_texts(response)
+        ) != Counter(_plain_number_texts(correction)):
             labels.add(NUMBERS)
         q_resp, q_corr = quantities(response), quantities(correction)
         # A unit error: the same number with another unit (5 克 -> 5 千克), or units changed while

@@ -134,7 +134,7 @@ def test_labels_confidence_and_regression_flag() -> None:
     joiner = BadCaseJoiner(regression_confidence=0.8, negative_rating=2)
     joiner.process(audit("r9", response=RESPONSE))
     (focused,) = joiner.process(feedback("r9", corrected=CORRECTION, rating=1, error_type="numbers"))
-    # rule (0.4) + negative rating (0.2) + focused edit (0.2) + error type agrees (0.1) + base 0.1
+    # base 0.1 + rule 0.3 + focused 0.2 + negative 0.2 + declared 0.1 + declared names a rule 0.1
     assert focused.confidence == 1.0
     assert focused.labels == ["numbers", REGRESSION_LABEL]
     assert RESPONSE[focused.minimal_span[0] : focused.minimal_span[1]] == "120.00"
@@ -142,6 +142,28 @@ def test_labels_confidence_and_regression_flag() -> None:
     joiner.process(audit("r10", response="the sky is green today"))
     (vague,) = joiner.process(feedback("r10", corrected="I would rather not talk about the sky", rating=4))
     assert vague.labels == ["other"] and vague.confidence < 0.5
+
+
+def test_declared_error_type_is_a_label_and_rewrites_stay_below_regression() -> None:
+    """The fleet's off-intent case: another question's answer, corrected, declared off_intent."""
+    joiner = BadCaseJoiner(regression_confidence=0.8)
+    joiner.process(audit("o1", response="Ticket 12345 is resolved; the customer confirmed the fix."))
+    (case,) = joiner.process(
+        feedback("o1", corrected="Order 12345 will be delivered on 2026-05-03.", rating=-1, error_type="off_intent")
+    )
+    assert "off_intent" in case.labels and REGRESSION_LABEL not in case.labels
+    assert case.confidence < 0.8
+
+
+def test_fleet_shaped_format_errors() -> None:
+    joiner = BadCaseJoiner()
+    joiner.process(audit("z1", response="订单12345的退款金额为1234.5元。"))
+    (zh,) = joiner.process(feedback("z1", corrected="订单12345的退款金额为1234.50元。", rating=-1, error_type="format"))
+    assert zh.labels[0] == "currency_format" and "numbers" not in zh.labels and REGRESSION_LABEL in zh.labels
+    joiner.process(audit("e1", response="The refund for order 12345 is 1234 USD."))
+    (en,) = joiner.process(feedback("e1", corrected="The refund for order 12345 is 1234.00 USD.", rating=-1, error_type="format"))
+    assert en.labels[0] == "numbers"  # 1234.00 rounded to 1234: precision lost is a numbers error
+    assert en.labels[:2] == ["numbers", "format"]
 
 
 def test_unit_and_currency_corrections_labelled() -> None:

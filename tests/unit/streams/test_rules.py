@@ -107,6 +107,9 @@ def test_check_response_finds_each_rule() -> None:
         ("本产品保证收益", "本产品有风险", [COMPLIANCE]),
         ("the sky is green", "the sky is blue", []),
         ("收益100元", "收益120.00元", [NUMBERS, CURRENCY_FORMAT]),
+        ("costs 1234 USD", "costs 1234.00 USD", [NUMBERS]),  # precision lost
+        ("costs 1,234.00 USD", "costs 1234.00 USD", []),  # thousands separator only
+        ("共3.5元", "共3.50元", [CURRENCY_FORMAT]),  # a yuan amount's decimals: currency rule only
     ],
 )
 def test_compare_labels(response: str, correction: str, labels: list[str]) -> None:
