@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings as hsettings, strategies as st
+
 from entroloop.records import Alert, Health
 from streams.fallback_rates import FallbackRateMonitor
 
@@ -138,3 +140,26 @@ def test_state_is_pruned_after_windows_close() -> None:
     mon.process(audit("a", at=T0))
     mon.on_watermark(T0 + 3600)
     assert mon.fallbacks == {} and mon.requests == {}
+
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(min_value=0, max_value=900), st.booleans()), min_size=1, max_size=120),
+       st.integers(min_value=1, max_value=7))
+def test_property_windows_account_for_every_event(events: list[tuple[float, bool]], step: int) -> None:
+    """Whatever the order of watermarks: 1m windows sum to the input, 5m windows sum their minutes."""
+    mon = FallbackRateMonitor(grace_s=0, circuit_limit=10**9)
+    out = []
+    ordered = sorted(events)
+    for i, (offset, is_fallback) in enumerate(ordered):
+        mon.process(fallback(f"f{i}", at=T0 + offset) if is_fallback else audit(f"a{i}", at=T0 + offset))
+        if i % step == 0:
+            out += mon.on_watermark(T0 + offset)  # never past an event still to come
+    out += mon.on_watermark(T0 + 10_000)
+    one = _windows(out, "fallback_rate_1m", "*")
+    assert sum(f for f, _, _ in one.values()) == sum(1 for _, fb in events if fb)
+    assert mon.late_events == 0
+    five = _windows(out, "fallback_rate_5m", "*")
+    for start, (fb5, _, _) in five.items():
+        minutes = [f"{float(start) + k * 60:.0f}" for k in range(5)]
+        assert fb5 == sum(one.get(m, (0, 0, 0))[0] for m in minutes)
