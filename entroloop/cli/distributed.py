@@ -47,7 +47,40 @@ def distributed_settings(broker: str | None, topic_prefix: str | None, **extra: 
     return settings
 
 
+def bench_publisher(
+    broker: Broker = None,
+    events: Annotated[int, typer.Option(help="Records to publish.")] = 200_000,
+    out: Annotated[Path, typer.Option("--out", help="The Markdown report to update.")] = Path("BENCHMARKS.md"),
+    as_json: Annotated[bool, typer.Option("--json", help="End with the results as one JSON line.")] = False,
+) -> None:
+    """Hot-path publish() latency (p50/p99) and throughput delivered to a real broker."""
+    from entroloop.benchmarks import publisher as bench
+    from entroloop.benchmarks.report import write_benchmarks
+
+    from entroloop.benchmarks.report import Figure
+
+    bootstrap = broker_address(broker) if broker else load_settings().kafka_bootstrap
+    if not bootstrap:
+        # `entroloop bench all` must go on without a broker: say so in the report instead.
+        console.print("[yellow]bench publisher: no broker (--broker or ENTROLOOP_KAFKA_BOOTSTRAP); skipped[/yellow]")
+        write_benchmarks([Figure("publisher", "publish() p99", None, "µs", note="not measured: no broker; run `make services-up`")], out)
+        return
+    result = bench.run(bootstrap, events)
+    console.print(
+        f"publish() p50 {result['p50_us']:.2f} µs, p99 {result['p99_us']:.2f} µs, max {result['max_us']:.0f} µs; "
+        f"delivered {result['delivered_per_s'] or 0:,.0f} events/s; counters {result['stats']}"
+    )
+    write_benchmarks(bench.figures(result), out)
+    if as_json:
+        print(json.dumps({k: v for k, v in result.items() if k != "stats"}))
+
+
 def register(app: typer.Typer) -> None:
+    # `entroloop bench publisher` joins the lead's bench group through its extension point.
+    from entroloop.cli.bench import add_benchmark
+
+    add_benchmark("publisher", bench_publisher)
+
     @app.command()
     def worker(
         broker: Broker = None,
