@@ -272,6 +272,36 @@ class Settings(BaseSettings):
         10.0, gt=0, description="How often each worker publishes Health records (consumer lag, last commit age)."
     )
 
+    # --- alert actions (streams/actions/: runbooks, webhooks, case bundles) ----------------------
+    actions_runbooks_dir: Path = Field(
+        Path("runbooks"), description="Folder of the versioned YAML runbooks the action runner executes."
+    )
+    actions_dry_run: bool = Field(
+        True,
+        description="Run every runbook in dry-run mode (Action records say what would be done; no webhook, "
+        "bundle or retrain request). Set false to act for real.",
+    )
+    actions_state_path: Path | None = Field(
+        None, description="SQLite file remembering executions (once per alert key) and rate limits. Empty: DATA_DIR/actions/state.sqlite."
+    )
+    actions_bundle_dir: Path | None = Field(
+        None, description="Folder of case bundles (JSON) written by capture_bundle steps. Empty: DATA_DIR/actions/bundles."
+    )
+    actions_gateway_url: str = Field(
+        "", description="Base URL of the gateway admin webhook (pause a node or route, switch a route's tier)."
+    )
+    actions_vllm_url: str = Field("", description="Base URL of the vLLM server whose LoRA adapters actions may unload.")
+    actions_webhook_token: SecretStr = Field(
+        SecretStr(""), description="Bearer token sent to action webhooks. Secret: never logged."
+    )
+    actions_webhook_timeout_s: float = Field(5.0, gt=0, description="Timeout of one webhook attempt (seconds).")
+    actions_webhook_attempts: int = Field(
+        4, ge=1, description="Attempts per webhook before the action is reported failed (retries back off exponentially)."
+    )
+    actions_webhook_backoff_s: float = Field(
+        0.5, ge=0, description="Wait after the first failed webhook attempt; doubles after each further failure (max 30 s)."
+    )
+
     @field_validator("clickhouse_dsn")
     @classmethod
     def _dsn_scheme(cls, value: str) -> str:

@@ -1,0 +1,18 @@
+"""Alert actions: versioned YAML runbooks executed once per alert key, with dry runs, rate limits,
+retried webhooks and an Action record for everything done (or not done, and why)."""
+
+from streams.actions.runbooks import Runbook, RunbookError, load_runbooks, parse_runbook
+from streams.actions.runner import ActionRunner
+from streams.actions.state import ActionState
+from streams.actions.webhook import WebhookClient, WebhookResult
+
+__all__ = [
+    "ActionRunner",
+    "ActionState",
+    "Runbook",
+    "RunbookError",
+    "WebhookClient",
+    "WebhookResult",
+    "load_runbooks",
+    "parse_runbook",
+]

@@ -1,0 +1,292 @@
+"""The action runner: alerts in, runbook steps executed, Action records out (for the audit log).
+
+For every ``Alert`` and every runbook that matches it (``runbooks.py``):
+
+1. idempotency: the execution (runbook, alert key, mode) is claimed in ``ActionState``; a
+   redelivered or replayed alert whose execution finished is ignored (no second webhook, no second
+   record). Dry runs and real runs are counted apart, so a dry run never uses up the real one;
+2. rate limit: past the runbook's ``rate_limit`` the execution is not run but reported (one Action,
+   outcome ``rate_limited``);
+3. each step runs in order; a webhook that keeps failing after its retries gives an Action with
+   outcome ``failed`` (``on_failure: stop`` reports the remaining steps as ``skipped``).
+
+Every executed, dry-run, failed, skipped or rate-limited step becomes one ``Action`` record, derived
+from the alert with a deterministic id (``streams.base.derive``): if the process dies mid-run and
+the alert is handled again, the records and the ``Idempotency-Key`` of each webhook are the same,
+so sinks and receivers absorb the repeat. ``open_retrain`` steps also emit a ``RetrainRequest``.
+
+The runner is a ``Processor`` (input ``Alert``) so the embedded runner or a Faust agent can drive
+it, but unlike the analytics processors it does I/O (webhooks, bundle files): give it its own
+worker in a deployment so a slow gateway never holds up the analytics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from entroloop.ids import derived_event_id
+from entroloop.records import Action, Alert, Event, RetrainRequest
+from streams.actions.case_bundle import (
+    BUNDLE_FORMAT,
+    Query,
+    anomalous_request_ids,
+    bundle_filename,
+    collect,
+    sql_string,
+    write_bundle,
+)
+from streams.actions.runbooks import Runbook, Step, load_runbooks
+from streams.actions.state import ActionState
+from streams.actions.webhook import WebhookClient
+from streams.base import Processor, derive
+
+log = logging.getLogger(__name__)
+
+OK, DRY_RUN, FAILED, SKIPPED, RATE_LIMITED = "ok", "dry_run", "failed", "skipped", "rate_limited"
+
+
+@dataclass
+class StepResult:
+    outcome: str
+    detail: dict[str, Any]
+    records: list[Event] = field(default_factory=list)
+
+
+class _Fields(dict):
+    """Template fields; a missing one renders as empty instead of raising mid-incident."""
+
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+class ActionRunner(Processor):
+    """Execute matching runbooks for each alert (see the module docstring)."""
+
+    name = "alert_actions"
+    inputs = (Alert,)
+
+    def __init__(
+        self,
+        runbooks: Sequence[Runbook],
+        state: ActionState,
+        *,
+        endpoints: dict[str, str] | None = None,
+        webhook: WebhookClient | None = None,
+        query: Query | None = None,
+        database: str = "entroloop",
+        bundle_dir: Path | None = None,
+        dry_run: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.runbooks = list(runbooks)
+        self.state = state
+        self.endpoints = {k: v.rstrip("/") for k, v in (endpoints or {}).items() if v}
+        self.webhook = webhook or WebhookClient()
+        self.query = query
+        self.database = database
+        self.bundle_dir = bundle_dir
+        self.dry_run = dry_run
+        self.clock = clock
+        self.counters: Counter[str] = Counter()
+
+    @classmethod
+    def from_settings(cls, settings: Any, query: Query | None = None) -> ActionRunner:
+        """Runbooks, state file, endpoints and webhook policy from ``Settings`` (``ENTROLOOP_ACTIONS_*``)."""
+        data_dir = Path(settings.data_dir)
+        return cls(
+            load_runbooks(Path(settings.actions_runbooks_dir)),
+            ActionState(settings.actions_state_path or data_dir / "actions" / "state.sqlite"),
+            endpoints={"gateway": settings.actions_gateway_url, "vllm": settings.actions_vllm_url},
+            webhook=WebhookClient(
+                timeout_s=settings.actions_webhook_timeout_s,
+                attempts=settings.actions_webhook_attempts,
+                backoff_s=settings.actions_webhook_backoff_s,
+                token=settings.actions_webhook_token.get_secret_value(),
+            ),
+            query=query,
+            database=settings.clickhouse_database,
+            bundle_dir=settings.actions_bundle_dir or data_dir / "actions" / "bundles",
+            dry_run=settings.actions_dry_run,
+        )
+
+    # --- Processor ----------------------------------------------------------------------------
+    def process(self, record: Event) -> list[Event]:
+        if not isinstance(record, Alert):
+            return []
+        out: list[Event] = []
+        for runbook in self.runbooks:
+            if runbook.matches(record.rule, record.severity, record.value):
+                out.extend(self.execute(runbook, record))
+        return out
+
+    # --- one runbook for one alert --------------------------------------------------------------
+    def execute(self, runbook: Runbook, alert: Alert) -> list[Event]:
+        dry = self.dry_run or runbook.dry_run
+        mode = "dry_run" if dry else "live"
+        if not self.state.claim(runbook.name, alert.alert_key, mode, runbook.version, self.clock()):
+            self.counters["duplicates"] += 1
+            return []
+        if runbook.rate_limit and not self.state.take_rate_slot(
+            runbook.name, mode, runbook.rate_limit.max, runbook.rate_limit.per_s, self.clock()
+        ):
+            self.counters[RATE_LIMITED] += 1
+            log.warning("actions: runbook %s rate-limited for alert %s", runbook.name, alert.alert_key)
+            limit = runbook.rate_limit
+            result = StepResult(RATE_LIMITED, {"limit": f"{limit.max} per {limit.per_s:g}s"})
+            self.state.finish(runbook.name, alert.alert_key, mode, RATE_LIMITED, self.clock())
+            return self._records(runbook, alert, len(runbook.steps), "rate_limit", dry, result)
+
+        fields = self._fields(alert)
+        out: list[Event] = []
+        final = DRY_RUN if dry else OK
+        stopped = False
+        for index, step in enumerate(runbook.steps):
+            action_id = self._action_id(runbook, alert, index)
+            if stopped:
+                result = StepResult(SKIPPED, {"reason": "an earlier step failed (on_failure: stop)"})
+            else:
+                try:
+                    result = self._run_step(step, alert, fields, action_id, dry, runbook)
+                except Exception as exc:  # a step's bug is reported like a failed webhook, never swallowed
+                    log.exception("actions: step %s of %s crashed", step.kind, runbook.name)
+                    result = StepResult(FAILED, {"error": f"{type(exc).__name__}: {exc}"})
+                if result.outcome == FAILED:
+                    final = FAILED
+                    stopped = runbook.on_failure == "stop"
+                    log.error("actions: %s step %s failed for alert %s: %s", runbook.name, step.kind, alert.alert_key, result.detail)
+            self.counters[result.outcome] += 1
+            out.extend(self._records(runbook, alert, index, step.kind, dry, result))
+        self.state.finish(runbook.name, alert.alert_key, mode, final, self.clock())
+        return out
+
+    # --- steps --------------------------------------------------------------------------------
+    def _run_step(self, step: Step, alert: Alert, fields: _Fields, action_id: str, dry: bool, runbook: Runbook) -> StepResult:
+        if step.endpoint is not None:
+            return self._webhook_step(step, alert, fields, action_id, dry)
+        if step.kind == "capture_bundle":
+            return self._capture_bundle(step, alert, dry, runbook)
+        if step.kind == "open_retrain":
+            return self._open_retrain(step, alert, fields, dry, runbook)
+        raise ValueError(f"unknown step kind {step.kind}")  # pragma: no cover - the schema forbids it
+
+    def _webhook_step(self, step: Step, alert: Alert, fields: _Fields, action_id: str, dry: bool) -> StepResult:
+        payload: dict[str, Any]
+        if step.kind == "unload_adapter":
+            lora_name = step.lora_name.format_map(fields)
+            if not lora_name:
+                return StepResult(SKIPPED, {"reason": "the alerted request was served by the base model: no adapter to unload"})
+            payload = {"lora_name": lora_name}
+        elif step.kind == "switch_fallback":
+            payload = {"route": alert.route, "model": alert.model, "tier": step.tier, "alert_key": alert.alert_key,
+                       "reason": step.reason.format_map(fields), "duration_s": step.duration_s}
+        else:
+            target = {"node": alert.subject_node} if step.kind == "pause_node" else {"route": alert.route}
+            payload = {**target, "model": alert.model, "alert_key": alert.alert_key,
+                       "reason": step.reason.format_map(fields), "duration_s": step.duration_s}
+        path = step.url_path.format_map(fields)
+        base = self.endpoints.get(step.endpoint or "")
+        detail: dict[str, Any] = {"endpoint": step.endpoint, "path": path, "payload": payload}
+        if dry:
+            detail["url"] = f"{base}{path}" if base else f"<{step.endpoint}>{path}"
+            return StepResult(DRY_RUN, detail)
+        if not base:
+            detail["error"] = f"no {step.endpoint} URL configured (ENTROLOOP_ACTIONS_{(step.endpoint or '').upper()}_URL)"
+            return StepResult(FAILED, detail)
+        detail["url"] = f"{base}{path}"
+        response = self.webhook.post(detail["url"], payload, idempotency_key=action_id)
+        detail.update(response.as_detail())
+        return StepResult(OK if response.ok else FAILED, detail)
+
+    def _capture_bundle(self, step: Step, alert: Alert, dry: bool, runbook: Runbook) -> StepResult:
+        if self.query is None:
+            return StepResult(FAILED, {"error": "no ClickHouse query function configured for case bundles"})
+        ids = anomalous_request_ids(self.query, self.database, alert, step.scope, step.last_n)
+        detail: dict[str, Any] = {"requests": len(ids), "scope": list(step.scope), "last_n": step.last_n}
+        if dry:
+            return StepResult(DRY_RUN, detail)
+        if self.bundle_dir is None:
+            return StepResult(FAILED, {**detail, "error": "no bundle folder configured"})
+        tables = collect(self.query, self.database, ids)
+        content = {
+            "format": BUNDLE_FORMAT,
+            "alert": json.loads(_encode_json(alert)),
+            "runbook": {"name": runbook.name, "version": runbook.version},
+            "captured_at": self.clock(),
+            "request_ids": ids,
+            **tables,
+        }
+        path, digest = write_bundle(self.bundle_dir, bundle_filename(runbook.name, alert.alert_key), content)
+        detail.update({"path": str(path), "sha256": digest, **{f"{t}_rows": len(rows) for t, rows in tables.items()}})
+        return StepResult(OK, detail)
+
+    def _open_retrain(self, step: Step, alert: Alert, fields: _Fields, dry: bool, runbook: Runbook) -> StepResult:
+        trigger_key = f"alert:{runbook.name}:{alert.alert_key}"
+        request = derive(
+            alert, RetrainRequest, 0, f"actions.{runbook.name}.retrain",
+            trigger_key=trigger_key,
+            model=alert.model,
+            category=step.category.format_map(fields) or alert.rule,
+            reason=step.reason.format_map(fields),
+            adapter=fields["adapter"],
+            window_start=alert.emitted_at,
+            window_end=alert.emitted_at,
+        )
+        detail = {"trigger_key": trigger_key, "category": request.category, "adapter": request.adapter}
+        if dry:
+            return StepResult(DRY_RUN, detail)
+        return StepResult(OK, {**detail, "retrain_event_id": request.event_id}, [request])
+
+    # --- helpers --------------------------------------------------------------------------------
+    def _fields(self, alert: Alert) -> _Fields:
+        fields = _Fields({name: getattr(alert, name) for name in
+                          ("rule", "model", "route", "subject_node", "alert_key", "severity", "request_id", "value", "threshold")})
+        fields["adapter"] = self._adapter_of(alert)
+        return fields
+
+    def _adapter_of(self, alert: Alert) -> str:
+        """The adapter that served the alerted request ('' for the base model or when unknown)."""
+        if self.query is None or not alert.request_id:
+            return ""
+        try:
+            rows = self.query(
+                f"SELECT adapter FROM {self.database}.token_entropy WHERE request_id = {sql_string(alert.request_id)} "
+                "AND adapter != '' LIMIT 1"
+            )
+        except Exception:  # noqa: BLE001 - an unknown adapter only makes unload steps skip
+            log.warning("actions: adapter lookup failed for %s", alert.request_id, exc_info=True)
+            return ""
+        return str(rows[0]["adapter"]) if rows else ""
+
+    def _action_id(self, runbook: Runbook, alert: Alert, index: int) -> str:
+        return derived_event_id(alert.event_id, f"actions.{runbook.name}", index, at=alert.emitted_at)
+
+    def _records(self, runbook: Runbook, alert: Alert, index: int, action: str, dry: bool, result: StepResult) -> list[Event]:
+        detail = {**result.detail, "executed_at": round(self.clock(), 3)}
+        record = derive(
+            alert, Action, index, f"actions.{runbook.name}",
+            action_id=self._action_id(runbook, alert, index),
+            action=action,
+            alert_key=alert.alert_key,
+            runbook=runbook.name,
+            runbook_version=runbook.version,
+            dry_run=dry,
+            outcome=result.outcome,
+            detail=json.dumps(detail, sort_keys=True, default=str)[:8000],
+        )
+        return [record, *result.records]
+
+
+def _encode_json(record: Event) -> str:
+    import msgspec
+
+    return msgspec.json.encode(record).decode()
+
+
+__all__ = ["ActionRunner", "StepResult", "OK", "DRY_RUN", "FAILED", "SKIPPED", "RATE_LIMITED"]
