@@ -240,6 +240,21 @@ class Settings(BaseSettings):
         300.0, gt=0, description="How long an audit write keeps retrying an unreachable S3 before failing."
     )
 
+    # --- vLLM entropy tap (collectors/vllm/) ----------------------------------------------------
+    entropy_tap_enabled: bool = Field(
+        True,
+        description="Compute per-token entropy in every vLLM engine where entroloop is installed "
+        "(the plugin is loaded by vLLM's entry points; set false to keep it loaded but idle).",
+    )
+    entropy_tap_sink: str = Field(
+        "publisher",
+        description="Where the tap sends TokenEntropy records: `publisher` (the node's publisher), "
+        "`file:PATH` (length-prefixed frames; `{pid}` expands) or `module:callable`.",
+    )
+    entropy_chunk_tokens: int = Field(
+        4096, ge=1, description="Tokens per TokenEntropy record; longer generations ship several chunks."
+    )
+
     # --- Kafka publisher and Faust worker (collectors/publisher.py, streams/app.py) --------------
     publisher_spool_dir: Path | None = Field(
         None,

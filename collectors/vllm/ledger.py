@@ -1,0 +1,227 @@
+"""Row <-> request bookkeeping of the entropy tap, free of torch and vLLM.
+
+vLLM keeps a *persistent batch*: each running request owns a row of the logits tensor, and
+between steps requests are added to rows, removed from rows, moved from one row to another or
+swapped. The ledger mirrors that layout so that the entropy computed for row ``i`` at a step is
+credited to the request that owned row ``i`` at that step, never to its next occupant.
+
+Entropies are stored by *token position* (how many output tokens the request had when the
+logits were computed), not appended blindly: a step whose sample vLLM discards (a partial
+chunked-prefill step) is overwritten by the next step at the same position instead of shifting
+every later value by one.
+
+A request that leaves the batch is finished from the ledger's point of view and is shipped as a
+chunk. vLLM does not tell a logits processor *why* a row was removed (finished or preempted), so
+a preempted request that comes back continues with the next ``chunk_index`` from the token where
+the previous chunk stopped (``first_token_index``); consumers join chunks by ``request_id``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+# How many request ids the ledger remembers after shipping, so a preempted request that comes
+# back continues its chunk numbering instead of restarting at 0.
+RESUMABLE_MEMORY = 4096
+
+
+@dataclass
+class RequestTrace:
+    """The entropies collected for one request while it sits in the batch."""
+
+    request_id: str
+    trace_id: str = ""
+    # Reference to vLLM's running list of output token ids (None when the runner gives none):
+    # its length at ``apply`` time is the position of the token being sampled.
+    output_token_ids: Sequence[int] | None = None
+    # Position (output token index) of values[0]; > 0 for a chunk after the first.
+    base: int = 0
+    chunk_index: int = 0
+    values: list[float] = field(default_factory=list)
+    non_finite: int = 0  # values that were NaN/Inf (replaced by 0 when shipped) — counted, not hidden
+
+    def position(self) -> int:
+        """Output-token position of the token sampled from this step's logits."""
+        if self.output_token_ids is not None:
+            return len(self.output_token_ids)
+        return self.base + len(self.values)
+
+    def record(self, position: int, value: float) -> None:
+        """Store the entropy of the token at ``position`` (overwrites a discarded step's value)."""
+        index = position - self.base
+        if index < 0:
+            return  # a position already shipped in an earlier chunk
+        if not math.isfinite(value):
+            self.non_finite += 1
+            value = 0.0
+        if index >= len(self.values):
+            # index > len only when a step was never observed; keep the order, do not invent.
+            self.values.append(value)
+        else:
+            self.values[index] = value
+            del self.values[index + 1 :]
+
+
+@dataclass(frozen=True)
+class ShippedChunk:
+    """One chunk of a request's entropies, ready to become a TokenEntropy record."""
+
+    request_id: str
+    trace_id: str
+    values: list[float]
+    chunk_index: int
+    first_token_index: int
+    final: bool
+
+
+@dataclass(frozen=True)
+class AddedRow:
+    """A request entering row ``index`` (interface-neutral form of vLLM's AddedRequest)."""
+
+    index: int
+    request_id: str
+    trace_id: str = ""
+    output_token_ids: Sequence[int] | None = None
+
+
+@dataclass(frozen=True)
+class MovedRow:
+    """A one-way move ``source -> target`` (``swap=False``) or a swap of two rows."""
+
+    source: int
+    target: int
+    swap: bool
+
+
+class RowLedger:
+    """Which request owns which logits row, and the entropies collected for each request."""
+
+    def __init__(self, chunk_tokens: int = 4096) -> None:
+        if chunk_tokens < 1:
+            raise ValueError("chunk_tokens must be >= 1")
+        self.chunk_tokens = chunk_tokens
+        self.rows: dict[int, RequestTrace] = {}
+        # request id -> (next chunk index, next base, trace id) of requests shipped recently
+        self._next_chunk: OrderedDict[str, tuple[int, int, str]] = OrderedDict()
+
+    # --- batch layout ------------------------------------------------------------------------
+    def apply_update(
+        self,
+        removed: Iterable[int],
+        added: Iterable[AddedRow],
+        moved: Iterable[MovedRow],
+    ) -> list[ShippedChunk]:
+        """Apply one batch update in vLLM's documented order (removed, added, moved).
+
+        Returns the chunks of requests that left the batch. An add or a one-way move onto an
+        occupied row evicts the occupant (vLLM: "added or moved requests may replace existing
+        requests with the same index"), which ships it too rather than losing it.
+        """
+        shipped: list[ShippedChunk] = []
+        for index in removed:
+            trace = self.rows.pop(index, None)
+            if trace is not None:
+                shipped.append(self._ship(trace, final=True))
+        for row in added:
+            evicted = self.rows.pop(row.index, None)
+            if evicted is not None:
+                shipped.append(self._ship(evicted, final=True))
+            self.rows[row.index] = self._open(row)
+        for move in moved:
+            first = self.rows.pop(move.source, None)
+            second = self.rows.pop(move.target, None)
+            if move.swap:
+                if first is not None:
+                    self.rows[move.target] = first
+                if second is not None:
+                    self.rows[move.source] = second
+            else:
+                if second is not None:
+                    shipped.append(self._ship(second, final=True))
+                if first is not None:
+                    self.rows[move.target] = first
+        return shipped
+
+    def snapshot(self, num_rows: int) -> list[tuple[RequestTrace, int] | None]:
+        """For each logits row of this step: its request and the position being sampled.
+
+        Taken when the logits are reduced, so values that arrive later are credited to the
+        request that owned the row *then*, whatever moves happen in between.
+        """
+        out: list[tuple[RequestTrace, int] | None] = []
+        for index in range(num_rows):
+            trace = self.rows.get(index)
+            out.append(None if trace is None else (trace, trace.position()))
+        return out
+
+    def snapshot_slots(
+        self, slots: Sequence[int], positions: Sequence[int]
+    ) -> list[tuple[RequestTrace, int] | None]:
+        """Like ``snapshot`` when rows are reordered every step (Model Runner V2).
+
+        ``slots[r]`` is the request slot of logits row ``r`` and ``positions[r]`` the output-token
+        position being sampled; a negative position is a partial prefill whose sample vLLM
+        discards, so it is not credited.
+        """
+        out: list[tuple[RequestTrace, int] | None] = []
+        for slot, position in zip(slots, positions):
+            trace = self.rows.get(slot)
+            out.append(None if trace is None or position < 0 else (trace, int(position)))
+        return out
+
+    def drain_long(self) -> list[ShippedChunk]:
+        """Ship full chunks of very long generations (``final=False``) to bound memory."""
+        shipped = []
+        for trace in self.rows.values():
+            while len(trace.values) > self.chunk_tokens:
+                # Keep the newest value: it may still be overwritten by a discarded-step rerun.
+                head, trace.values = trace.values[: self.chunk_tokens], trace.values[self.chunk_tokens :]
+                shipped.append(
+                    ShippedChunk(trace.request_id, trace.trace_id, head, trace.chunk_index, trace.base, False)
+                )
+                trace.chunk_index += 1
+                trace.base += len(head)
+        return shipped
+
+    def ship_all(self) -> list[ShippedChunk]:
+        """Ship every request still in the batch (shutdown)."""
+        shipped = [self._ship(trace, final=True) for trace in self.rows.values()]
+        self.rows.clear()
+        return shipped
+
+    # --- internals ---------------------------------------------------------------------------
+    def _open(self, row: AddedRow) -> RequestTrace:
+        chunk_index, base, trace_id = self._next_chunk.pop(row.request_id, (0, 0, ""))
+        return RequestTrace(
+            request_id=row.request_id,
+            trace_id=row.trace_id or trace_id,
+            output_token_ids=row.output_token_ids,
+            base=base,
+            chunk_index=chunk_index,
+        )
+
+    def _ship(self, trace: RequestTrace, final: bool) -> ShippedChunk:
+        values = trace.values
+        if trace.output_token_ids is not None:
+            # Never ship more values than the request has tokens (a last step whose sample was
+            # thrown away, e.g. the request was aborted meanwhile).
+            values = values[: max(0, len(trace.output_token_ids) - trace.base)]
+        chunk = ShippedChunk(trace.request_id, trace.trace_id, values, trace.chunk_index, trace.base, final)
+        self._next_chunk[trace.request_id] = (trace.chunk_index + 1, trace.base + len(values), trace.trace_id)
+        while len(self._next_chunk) > RESUMABLE_MEMORY:
+            self._next_chunk.popitem(last=False)
+        return chunk
+
+
+def credit(snapshot: Sequence[tuple[RequestTrace, int] | None], values: Sequence[float]) -> None:
+    """Credit one step's per-row entropies to the requests captured in ``snapshot``."""
+    for entry, value in zip(snapshot, values):
+        if entry is not None:
+            trace, position = entry
+            trace.record(position, float(value))
+
+
+ChunkSink = Callable[[ShippedChunk], None]

@@ -1,0 +1,158 @@
+"""The one module that imports vLLM internals (vLLM calls its logits-processor interfaces unstable).
+
+vLLM loads every class registered under the ``vllm.logits_processors`` entry-point group in each
+engine core. The group is shared by two interfaces:
+
+* the V1 model runner's ``vllm.v1.sample.logits_processor.LogitsProcessor``:
+  ``__init__(vllm_config, device, is_pin_memory)``, ``update_state(BatchUpdate | None)`` with
+  added/removed/moved rows, ``apply(logits)``, ``is_argmax_invariant()``;
+* Model Runner V2's ``vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor``:
+  ``__init__(vllm_config, req_states)``, ``add_request(slot, params) -> bool``,
+  ``apply(logits, ctx)`` where ``ctx.idx_mapping_np`` maps logits rows to request slots.
+
+Model Runner V2 rejects V1-only classes at load time and the V1 runner would call a V2-only class
+with the wrong arguments, so one entry point can only serve both if the class *is* both:
+``EntropyTapLogitsProcessor`` subclasses each interface that the installed vLLM has and picks its
+mode from the constructor's arguments.
+
+Request correlation: ``SamplingParams.extra_args`` (``vllm_xargs`` in the OpenAI API) may carry
+``entroloop_request_id`` and ``entroloop_trace_id``; without them a fresh local id is used
+(vLLM's logits-processor interfaces do not expose vLLM's own request id).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
+
+try:  # Model Runner V2 (vLLM >= 0.2x); absent in older releases.
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
+except ImportError:  # pragma: no cover - depends on the installed vLLM
+    V2LogitsProcessor = None  # type: ignore[assignment,misc]
+
+from entroloop.ids import uuid7
+from entroloop.settings import load_settings
+
+from collectors.vllm.emit import TokenEntropyEmitter, resolve_sink
+from collectors.vllm.ledger import AddedRow, MovedRow
+from collectors.vllm.tap import EntropyTap
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_ARG = "entroloop_request_id"
+TRACE_ID_ARG = "entroloop_trace_id"
+
+_BASES: tuple[type, ...] = (V1LogitsProcessor,) if V2LogitsProcessor is None else (
+    V1LogitsProcessor,
+    V2LogitsProcessor,
+)
+
+
+def request_ids(params: Any) -> tuple[str, str]:
+    """(request id, trace id) from a request's SamplingParams ``extra_args``."""
+    extra = getattr(params, "extra_args", None) or {}
+    return str(extra.get(REQUEST_ID_ARG) or f"local-{uuid7()}"), str(extra.get(TRACE_ID_ARG) or "")
+
+
+def _served_model_name(vllm_config: Any) -> str:
+    name = getattr(vllm_config.model_config, "served_model_name", None) or vllm_config.model_config.model
+    return name[0] if isinstance(name, (list, tuple)) else str(name)
+
+
+class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
+    """vLLM logits processor that measures entropy and returns the logits unchanged."""
+
+    def __init__(self, vllm_config: Any, *args: Any) -> None:
+        settings = load_settings()
+        self.enabled = settings.entropy_tap_enabled
+        if len(args) == 2:  # V1: (device, is_pin_memory)
+            device, pin_memory = args
+            self.mode = "v1"
+        else:  # Model Runner V2: (req_states,)
+            (req_states,) = args
+            device, pin_memory = req_states.device, device_is_cuda(req_states.device)
+            self.mode = "v2"
+            self._prompt_len = req_states.prompt_len
+        self.tap: EntropyTap | None = None
+        if self.enabled:
+            emitter = TokenEntropyEmitter(
+                resolve_sink(settings.entropy_tap_sink, settings),
+                node_id=settings.node_id,
+                model=_served_model_name(vllm_config),
+            )
+            self.emitter = emitter
+            self.tap = EntropyTap(
+                emitter,
+                device=torch.device(device),
+                max_rows=vllm_config.scheduler_config.max_num_seqs,
+                pin_memory=bool(pin_memory),
+                chunk_tokens=settings.entropy_chunk_tokens,
+            )
+        log.info("entroloop entropy tap: %s (%s interface)", "on" if self.enabled else "off", self.mode)
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        extra = getattr(sampling_params, "extra_args", None) or {}
+        for key in (REQUEST_ID_ARG, TRACE_ID_ARG):
+            if key in extra and not isinstance(extra[key], str):
+                raise ValueError(f"vllm_xargs.{key} must be a string")
+
+    # --- V1 interface ------------------------------------------------------------------------
+    def is_argmax_invariant(self) -> bool:
+        # False on purpose: vLLM applies argmax-invariant processors only to random-sampled rows
+        # and after temperature; the tap must see every row's raw logits.
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if self.tap is None or batch_update is None:
+            return
+        added = []
+        for index, params, _prompt, output_ids in batch_update.added:
+            request_id, trace_id = request_ids(params)
+            added.append(AddedRow(index, request_id, trace_id, output_ids))
+        moved = [
+            MovedRow(a, b, swap=direction == MoveDirectionality.SWAP) for a, b, direction in batch_update.moved
+        ]
+        self.tap.on_batch_update(list(batch_update.removed), added, moved)
+
+    # --- Model Runner V2 interface -----------------------------------------------------------
+    def add_request(self, req_idx: int, sampling_params: Any) -> bool:
+        if self.tap is None:
+            return False
+        request_id, trace_id = request_ids(sampling_params)
+        # The slot's previous occupant (finished or preempted) is evicted and shipped.
+        self.tap.on_batch_update([], [AddedRow(req_idx, request_id, trace_id, None)], [])
+        return True  # we must be called for this request's rows
+
+    # --- both --------------------------------------------------------------------------------
+    def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        if self.tap is not None:
+            if ctx is None:
+                self.tap.on_logits(logits)
+            else:
+                self._apply_v2(logits, ctx)
+        return logits
+
+    def _apply_v2(self, logits: torch.Tensor, ctx: Any) -> None:
+        # Rows are reordered every step: map each logits row to its request slot on the host.
+        slots = ctx.idx_mapping_np
+        if logits.shape[0] != len(slots):
+            return  # speculative decoding (several rows per request): not supported, vLLM rejects it
+        positions = ctx.seq_lens_upper_bound_np - self._prompt_len.np[slots]
+        self.tap.on_logits_rows(logits, slots.tolist(), positions.tolist())
+
+    def __del__(self) -> None:  # the engine is shutting down: ship what is left
+        tap = getattr(self, "tap", None)
+        if tap is not None:
+            try:
+                tap.flush()
+            except Exception:  # noqa: BLE001 - interpreter teardown
+                pass
+
+
+def device_is_cuda(device: Any) -> bool:
+    return torch.device(device).type == "cuda"

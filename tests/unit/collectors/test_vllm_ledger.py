@@ -1,0 +1,190 @@
+"""Row <-> request bookkeeping of the entropy tap, driven by fake batch updates (no vLLM, no torch).
+
+The model: a simulated persistent batch where each request has a known entropy per token
+(request k, token t -> k * 100 + t). Whatever the adds, removals, moves and swaps, every shipped
+chunk must hold exactly its own request's values, in order.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, credit
+
+
+def value_of(request_id: str, position: int) -> float:
+    return int(request_id.removeprefix("r")) * 100 + position
+
+
+def step(ledger: RowLedger, outputs: dict[str, list[int]], num_rows: int) -> None:
+    """One engine step: reduce the logits rows, then each request samples one token."""
+    snapshot = ledger.snapshot(num_rows)
+    values = [0.0 if entry is None else value_of(entry[0].request_id, entry[1]) for entry in snapshot]
+    credit(snapshot, values)
+    for entry in snapshot:
+        if entry is not None:
+            outputs[entry[0].request_id].append(7)
+
+
+def test_removed_added_moved_keep_requests_apart() -> None:
+    ledger = RowLedger()
+    outputs = {f"r{k}": [] for k in range(4)}
+    shipped = ledger.apply_update(
+        [], [AddedRow(i, f"r{i}", output_token_ids=outputs[f"r{i}"]) for i in range(3)], []
+    )
+    assert shipped == []
+    step(ledger, outputs, 3)
+    step(ledger, outputs, 3)
+    # r1 finishes, r3 arrives at the end (row 3), condense moves it into the hole (3 -> 1).
+    shipped = ledger.apply_update(
+        [1], [AddedRow(3, "r3", output_token_ids=outputs["r3"])], [MovedRow(3, 1, swap=False)]
+    )
+    assert [(c.request_id, c.values) for c in shipped] == [("r1", [100.0, 101.0])]
+    step(ledger, outputs, 3)
+    # An add onto an occupied row evicts (ships) the occupant instead of mixing the two.
+    shipped = ledger.apply_update([], [AddedRow(2, "r9", output_token_ids=[])], [])
+    assert [(c.request_id, c.values) for c in shipped] == [("r2", [200.0, 201.0, 202.0])]
+    by_id = {c.request_id: c.values for c in ledger.ship_all()}
+    assert by_id == {"r0": [0.0, 1.0, 2.0], "r3": [300.0], "r9": []}
+
+
+def test_swap_exchanges_rows() -> None:
+    ledger = RowLedger()
+    outputs = {"r1": [], "r2": []}
+    ledger.apply_update([], [AddedRow(0, "r1", output_token_ids=outputs["r1"]),
+                             AddedRow(1, "r2", output_token_ids=outputs["r2"])], [])
+    step(ledger, outputs, 2)
+    ledger.apply_update([], [], [MovedRow(0, 1, swap=True)])
+    step(ledger, outputs, 2)
+    chunks = {c.request_id: c.values for c in ledger.ship_all()}
+    assert chunks == {"r1": [100.0, 101.0], "r2": [200.0, 201.0]}
+
+
+def test_discarded_step_is_overwritten_by_position() -> None:
+    """A partial-prefill step samples a token vLLM throws away: same position, value replaced."""
+    ledger = RowLedger()
+    output: list[int] = []
+    ledger.apply_update([], [AddedRow(0, "r5", output_token_ids=output)], [])
+    snap = ledger.snapshot(1)
+    credit(snap, [9.0])  # discarded sample: output stays empty
+    snap = ledger.snapshot(1)
+    credit(snap, [1.0])
+    output.append(3)
+    snap = ledger.snapshot(1)
+    credit(snap, [2.0])
+    output.append(4)
+    (chunk,) = ledger.apply_update([0], [], [])
+    assert chunk.values == [1.0, 2.0]
+    assert chunk.final and chunk.chunk_index == 0 and chunk.first_token_index == 0
+
+
+def test_preempted_request_continues_with_next_chunk() -> None:
+    ledger = RowLedger()
+    output: list[int] = []
+    ledger.apply_update([], [AddedRow(0, "r1", trace_id="t" * 32, output_token_ids=output)], [])
+    for _ in range(3):
+        credit(ledger.snapshot(1), [value_of("r1", len(output))])
+        output.append(1)
+    (first,) = ledger.apply_update([0], [], [])
+    ledger.apply_update([], [AddedRow(4, "r1", output_token_ids=output)], [])
+    for _ in range(2):
+        credit(ledger.snapshot(5), [0, 0, 0, 0, value_of("r1", len(output))])
+        output.append(1)
+    (second,) = ledger.ship_all()
+    assert (first.chunk_index, first.first_token_index, first.values) == (0, 0, [100.0, 101.0, 102.0])
+    assert (second.chunk_index, second.first_token_index, second.values) == (1, 3, [103.0, 104.0])
+    assert second.trace_id == "t" * 32  # one trace across chunks
+
+
+def test_long_generations_ship_in_chunks() -> None:
+    ledger = RowLedger(chunk_tokens=4)
+    ledger.apply_update([], [AddedRow(0, "r2")], [])  # no output list: positions by count
+    for t in range(10):
+        credit(ledger.snapshot(1), [value_of("r2", t)])
+    chunks = ledger.drain_long() + ledger.ship_all()
+    assert [c.first_token_index for c in chunks] == [0, 4, 8]
+    assert [c.final for c in chunks] == [False, False, True]
+    assert sum((c.values for c in chunks), []) == [value_of("r2", t) for t in range(10)]
+
+
+def test_v2_slot_snapshot_skips_partial_prefill() -> None:
+    ledger = RowLedger()
+    ledger.apply_update([], [AddedRow(3, "r1"), AddedRow(0, "r2")], [])
+    snap = ledger.snapshot_slots([0, 3], [-5, 0])  # r2 still prefilling, r1 samples token 0
+    credit(snap, [99.0, 100.0])
+    chunks = {c.request_id: c.values for c in ledger.ship_all()}
+    assert chunks == {"r1": [100.0], "r2": []}
+
+
+def test_non_finite_values_are_counted_not_shipped() -> None:
+    ledger = RowLedger()
+    ledger.apply_update([], [AddedRow(0, "r1")], [])
+    credit(ledger.snapshot(1), [float("nan")])
+    trace = ledger.rows[0]
+    assert trace.non_finite == 1
+    (chunk,) = ledger.ship_all()
+    assert chunk.values == [0.0]
+
+
+def test_chunk_tokens_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        RowLedger(chunk_tokens=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_random_schedules_never_mix_requests(seed: int) -> None:
+    """Simulate vLLM's persistent batch (condense = one-way moves, reorders = swaps) at random."""
+    rng = random.Random(seed)
+    ledger = RowLedger(chunk_tokens=rng.choice([3, 1000]))
+    rows: list[str | None] = []
+    outputs: dict[str, list[int]] = {}
+    budget: dict[str, int] = {}
+    shipped: dict[str, list] = {}
+    next_id = 0
+    for _ in range(rng.randint(1, 40)):
+        removed, added, moved = [], [], []
+        # Finish requests that reached their length.
+        for i, rid in enumerate(rows):
+            if rid is not None and len(outputs[rid]) >= budget[rid]:
+                removed.append(i)
+                rows[i] = None
+        # Add new requests into holes first, then at the end.
+        for _ in range(rng.randint(0, 3)):
+            rid = f"r{next_id}"
+            next_id += 1
+            outputs[rid], budget[rid] = [], rng.randint(1, 12)
+            index = rows.index(None) if None in rows else len(rows)
+            if index == len(rows):
+                rows.append(None)
+            rows[index] = rid
+            added.append(AddedRow(index, rid, output_token_ids=outputs[rid]))
+        # Condense: move the last occupied rows into holes.
+        while None in rows:
+            hole = rows.index(None)
+            last = max((i for i, r in enumerate(rows) if r is not None), default=-1)
+            if last < hole:
+                del rows[hole:]
+                break
+            rows[hole], rows[last] = rows[last], None
+            moved.append(MovedRow(last, hole, swap=False))
+        # Random swaps (attention backends reorder the batch).
+        for _ in range(rng.randint(0, 2)):
+            if len(rows) >= 2:
+                a, b = rng.sample(range(len(rows)), 2)
+                rows[a], rows[b] = rows[b], rows[a]
+                moved.append(MovedRow(a, b, swap=True))
+        for chunk in ledger.apply_update(removed, added, moved) + ledger.drain_long():
+            shipped.setdefault(chunk.request_id, []).append(chunk)
+        step(ledger, outputs, len(rows))
+    for chunk in ledger.ship_all():
+        shipped.setdefault(chunk.request_id, []).append(chunk)
+    assert set(shipped) == set(outputs)
+    for rid, chunks in shipped.items():
+        values = sum((c.values for c in chunks), [])
+        assert values == [value_of(rid, t) for t in range(len(outputs[rid]))], rid
+        assert [c.chunk_index for c in chunks] == list(range(len(chunks)))
