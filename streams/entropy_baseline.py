@@ -198,7 +198,7 @@ class EntropyBaselineDetector(Processor):
         # Judge before learning, so the request under test is not part of its own baseline.
         if sketch.seen >= self.min_samples:
             band = self._band(key, sketch)
-            edge = None
+            edge, direction = None, ""
             if mean < band.low - self.margin_nats:
                 edge, direction = band.low, "below"
             elif mean > band.high + self.margin_nats:
