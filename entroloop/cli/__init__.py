@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "bench",
     "audit",
     "distributed",
+    "report",
 ]
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,51 @@
+"""``entroloop report``: write the operator's HTML report (plots, tables) from the stored events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from entroloop.settings import SettingsError, load_settings
+from sinks.clickhouse.client import ClickHouseLocked
+
+console = Console(stderr=True)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def report(
+        out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
+        data_dir: Annotated[
+            Path | None, typer.Option("--data-dir", "-d", help="Embedded data folder (default: ENTROLOOP_DATA_DIR or ./.entroloop).")
+        ] = None,
+        title: Annotated[str, typer.Option(help="Title of the page.")] = "entroloop operator report",
+    ) -> None:
+        """Write a self-contained HTML page with entropy, anomaly, fallback, latency and bad-case plots.
+
+        Reads the embedded ClickHouse of DATA_DIR (or ENTROLOOP_CLICKHOUSE_DSN); the page needs
+        nothing else to open: no Grafana, no network.
+        """
+        from entroloop.report import load_report_data, render_page
+        from sinks.clickhouse.client import connect
+
+        try:
+            settings = load_settings(**({"data_dir": data_dir} if data_dir else {}))
+        except SettingsError as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
+        dsn = settings.resolved_clickhouse_dsn()
+        if dsn.startswith("chdb://") and not (Path(dsn.removeprefix("chdb://")) / "metadata").exists():
+            console.print(f"[red]{settings.data_dir} holds no embedded ClickHouse.[/red] Run `entroloop demo --data-dir {settings.data_dir}` first.")
+            raise typer.Exit(2)
+        try:
+            client = connect(dsn, settings.clickhouse_password.get_secret_value())
+            data = load_report_data(client, settings.clickhouse_database)
+        except ClickHouseLocked as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(3) from None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_page(data, title), encoding="utf-8")
+        print(out.resolve())
