@@ -41,7 +41,7 @@ class Processor:
         return []
 
 
-def derive(source: Event, record_type: type[E], index: int, processor: str, **fields: Any) -> E:
+def derive(source: Event, record_type: type[E], index: int, processor: str, /, **fields: Any) -> E:
     """Build a record derived from ``source`` with a deterministic id, node and seq.
 
     Re-processing the same source gives a byte-identical record, so idempotent sinks absorb it.
