@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "audit",
     "distributed",
     "report",
+    "bench_sinks",
 ]
 
 for _name in COMMAND_MODULES:
