@@ -434,6 +434,23 @@ INNER JOIN (
 ORDER BY rate DESC""",
         ),
         panel(
+            "Fallback rate, 5-minute windows (fallback monitor)", "timeseries",
+            f"""
+SELECT toDateTime(toUInt32OrZero(JSONExtractString(labels, 'window_end'))) AS time,
+       concat(JSONExtractString(labels, 'model'), ' ', JSONExtractString(labels, 'route'), ' tier ',
+              JSONExtractString(labels, 'tier')) AS series,
+       max(value) AS fallback_rate
+FROM {DB}.health
+WHERE $__timeFilter(emitted_at) AND component = 'fallback_rates' AND metric = 'fallback_rate_5m'
+  AND JSONExtractString(labels, 'model') IN (${{model:singlequote}}) AND JSONExtractString(labels, 'route') IN (${{route:singlequote}})
+GROUP BY time, series ORDER BY time""",
+            unit="percentunit", width=24,
+            description="The closed 5-minute hopping windows the fallback monitor publishes (Health fallback_rate_5m); "
+                        "its SLO alert fires on these.",
+            empty_when=("the fallback monitor closed no window in the range",
+                        f"SELECT count() FROM {DB}.health WHERE $__timeFilter(emitted_at) AND metric = 'fallback_rate_5m'"),
+        ),
+        panel(
             "Circuit breaker state by model and route", "table",
             f"""
 SELECT r.model AS model, r.route AS route,
@@ -522,6 +539,19 @@ SELECT $__timeInterval(minute) AS time, model, sum(bad_cases) AS bad_cases
 FROM {DB}.bad_cases_1m WHERE $__timeFilter(minute) AND {MR}
 GROUP BY time, model ORDER BY time""",
             empty_when=no_bad_cases,
+        ),
+        panel(
+            "Response rule violations by rule", "bargauge",
+            f"""
+SELECT JSONExtractString(labels, 'rule') AS rule, sum(value) AS violations
+FROM {DB}.health
+WHERE $__timeFilter(emitted_at) AND component = 'response_rules' AND metric = 'rule_violations'
+  AND JSONExtractString(labels, 'model') IN (${{model:singlequote}}) AND JSONExtractString(labels, 'route') IN (${{route:singlequote}})
+GROUP BY rule ORDER BY violations DESC""",
+            description="Answers the response rule checker flagged (numbers, units, currency, dates, JSON schema, compliance).",
+            options={"orientation": "horizontal", "reduceOptions": {"values": True, "calcs": [], "fields": "/^violations$/"}},
+            empty_when=("the response rule checker published no violation window in the range",
+                        f"SELECT count() FROM {DB}.health WHERE $__timeFilter(emitted_at) AND metric = 'rule_violations'"),
         ),
         panel(
             "Retrain requests", "table",

@@ -137,7 +137,7 @@ class ActionRunner(Processor):
             runbook.name, mode, runbook.rate_limit.max, runbook.rate_limit.per_s, self.clock()
         ):
             self.counters[RATE_LIMITED] += 1
-            log.warning("actions: runbook %s rate-limited for alert %s", runbook.name, alert.alert_key)
+            log.info("actions: runbook %s rate-limited for alert %s", runbook.name, alert.alert_key)
             limit = runbook.rate_limit
             result = StepResult(RATE_LIMITED, {"limit": f"{limit.max} per {limit.per_s:g}s"})
             self.state.finish(runbook.name, alert.alert_key, mode, RATE_LIMITED, self.clock())
