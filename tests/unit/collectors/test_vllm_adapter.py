@@ -1,0 +1,167 @@
+"""The vLLM adapter with vLLM's own BatchUpdate types and fake Model Runner V2 contexts (no engine).
+
+Marked ``vllm``: imports vLLM and torch, so it runs in .venv-ml. Model Runner V2 needs Triton
+kernels that the CPU build lacks, so its interface is exercised here with hand-built contexts.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+SHIPPED: list = []
+
+
+@pytest.fixture()
+def processor_env(monkeypatch: pytest.MonkeyPatch):
+    SHIPPED.clear()
+    monkeypatch.setenv("ENTROLOOP_ENTROPY_TAP_SINK", f"{__name__}:ship")
+    monkeypatch.setenv("ENTROLOOP_NODE_ID", "unit-node")
+    monkeypatch.setenv("ENTROLOOP_ENTROPY_TAP_ENABLED", "true")
+    return SHIPPED
+
+
+def ship(record) -> None:
+    SHIPPED.append(record)
+
+
+def fake_vllm_config(max_num_seqs: int = 8):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(served_model_name="tiny", model="/models/tiny"),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+    )
+
+
+def reference(row: np.ndarray) -> float:
+    z = row.astype(np.float64)
+    z = z - z.max()
+    p = np.exp(z) / np.exp(z).sum()
+    nz = p > 0
+    return float(-(p[nz] * np.log(p[nz])).sum())
+
+
+def params(request_id: str):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=8, extra_args={"entroloop_request_id": request_id})
+
+
+def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) -> None:
+    import torch
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    from collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+
+    proc = EntropyTapLogitsProcessor(fake_vllm_config(), torch.device("cpu"), False)
+    assert proc.mode == "v1" and proc.is_argmax_invariant() is False
+    gen = torch.Generator().manual_seed(0)
+    outputs = {"a": [], "b": [], "c": []}
+    expected: dict[str, list[float]] = {k: [] for k in outputs}
+
+    def run_step(owners: list[str]) -> None:
+        logits = torch.randn(len(owners), 500, generator=gen) * torch.arange(1, len(owners) + 1).unsqueeze(1)
+        before = logits.clone()
+        out = proc.apply(logits)
+        assert out is logits and torch.equal(out, before)  # unchanged, not copied
+        for row, owner in enumerate(owners):
+            expected[owner].append(reference(before[row].numpy()))
+            outputs[owner].append(1)
+
+    proc.update_state(
+        BatchUpdate(batch_size=2, removed=[], moved=[],
+                    added=[(0, params("a"), [1, 2], outputs["a"]), (1, params("b"), [3], outputs["b"])])
+    )
+    run_step(["a", "b"])
+    proc.update_state(None)
+    run_step(["a", "b"])
+    # a finishes; c arrives at row 2 and is condensed into row 0; then a swap.
+    proc.update_state(
+        BatchUpdate(batch_size=2, removed=[0], added=[(2, params("c"), [4], outputs["c"])],
+                    moved=[(2, 0, MoveDirectionality.UNIDIRECTIONAL)])
+    )
+    assert [r.request_id for r in SHIPPED] == ["a"]
+    run_step(["c", "b"])
+    proc.update_state(BatchUpdate(batch_size=2, removed=[], added=[], moved=[(0, 1, MoveDirectionality.SWAP)]))
+    run_step(["b", "c"])
+    proc.update_state(BatchUpdate(batch_size=0, removed=[0, 1], added=[], moved=[]))
+
+    by_id = {r.request_id: r for r in SHIPPED}
+    assert sorted(by_id) == ["a", "b", "c"]
+    for request_id, values in expected.items():
+        record = by_id[request_id]
+        np.testing.assert_allclose(record.values().astype(np.float64), values, atol=2e-3)
+        assert record.model == "tiny" and record.node_id == "unit-node" and record.final
+    assert len({r.seq for r in SHIPPED}) == 3
+
+
+def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
+    import torch
+
+    from collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+
+    prompt_len = np.zeros(8, dtype=np.int32)
+    req_states = SimpleNamespace(device=torch.device("cpu"), max_num_reqs=8, prompt_len=SimpleNamespace(np=prompt_len))
+    proc = EntropyTapLogitsProcessor(fake_vllm_config(), req_states)
+    assert proc.mode == "v2"
+    prompt_len[5], prompt_len[2] = 4, 6
+    assert proc.add_request(5, params("x")) is True
+    assert proc.add_request(2, params("y")) is True
+
+    gen = torch.Generator().manual_seed(1)
+    expected = {"x": [], "y": []}
+    # (row order, seq len per row): slot 2 is still prefilling (3 of 6 prompt tokens) at step 1.
+    steps = [([5, 2], [4, 3]), ([2, 5], [6, 5]), ([5, 2], [6, 7])]
+    for order, seq_lens in steps:
+        logits = torch.randn(2, 300, generator=gen) * 2
+        ctx = SimpleNamespace(idx_mapping_np=np.array(order), seq_lens_upper_bound_np=np.array(seq_lens))
+        assert proc.apply(logits, ctx) is logits
+        for row, (slot, seq_len) in enumerate(zip(order, seq_lens)):
+            if seq_len >= prompt_len[slot]:
+                expected["x" if slot == 5 else "y"].append(reference(logits[row].numpy()))
+    # Slot 5 is reused by a new request: its previous occupant is shipped.
+    proc.add_request(5, params("z"))
+    assert [r.request_id for r in SHIPPED] == ["x"]
+    proc.tap.flush()
+    by_id = {r.request_id: r for r in SHIPPED}
+    for request_id, values in expected.items():
+        np.testing.assert_allclose(by_id[request_id].values().astype(np.float64), values, atol=2e-3)
+    assert by_id["y"].n_tokens == 2  # the partial-prefill step was not credited
+
+
+def test_disabled_tap_is_inert(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+
+    monkeypatch.setenv("ENTROLOOP_ENTROPY_TAP_ENABLED", "false")
+    proc = EntropyTapLogitsProcessor(fake_vllm_config(), torch.device("cpu"), False)
+    logits = torch.randn(2, 10)
+    assert proc.tap is None and proc.apply(logits) is logits
+
+
+def test_validate_params_rejects_non_string_ids() -> None:
+    from vllm import SamplingParams
+
+    from collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+
+    EntropyTapLogitsProcessor.validate_params(SamplingParams(extra_args={"entroloop_request_id": "ok"}))
+    with pytest.raises(ValueError):
+        EntropyTapLogitsProcessor.validate_params(SamplingParams(extra_args={"entroloop_request_id": 7}))
+
+
+def test_entropy_per_row_handles_masked_tokens() -> None:
+    import torch
+
+    from collectors.vllm.entropy import entropy_per_row
+
+    logits = torch.randn(4, 64, dtype=torch.bfloat16)
+    logits[1, 1:] = float("-inf")  # one token left: entropy exactly 0
+    logits[2, ::2] = float("-inf")
+    got = entropy_per_row(logits)
+    assert got.dtype == torch.float32 and got[1].item() == 0.0
+    for row in (0, 2, 3):
+        assert abs(got[row].item() - reference(logits[row].float().numpy())) < 1e-5
