@@ -25,8 +25,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a self-contained HTML page with entropy, anomaly, fallback, latency and bad-case plots.
 
-        Reads the embedded ClickHouse of DATA_DIR (or ENTROLOOP_CLICKHOUSE_DSN); the page needs
-        nothing else to open: no Grafana, no network.
+        Reads the embedded ClickHouse of DATA_DIR (or ENTROLOOP_CLICKHOUSE_DSN). The page needs nothing else: no Grafana, no network.
         """
         from entroloop.report import load_report_data, render_page
         from sinks.clickhouse.client import connect

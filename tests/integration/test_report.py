@@ -55,6 +55,7 @@ def test_report_is_self_contained(report_page):
     assert "no token entropy stored" not in html and "no request spans stored" not in html
 
 
+@pytest.mark.browser
 def test_every_plot_renders_in_headless_chromium(report_page, tmp_path):
     proc = run_chromium(tmp_path, "--dump-dom", report_page.as_uri())
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -70,6 +71,7 @@ def test_every_plot_renders_in_headless_chromium(report_page, tmp_path):
         assert drawn >= 3, tag  # lines/points/bars actually laid out, not an empty frame
 
 
+@pytest.mark.browser
 def test_screenshot_is_painted(report_page, tmp_path):
     shot = tmp_path / "report.png"
     proc = run_chromium(tmp_path, "--window-size=1560,1400", f"--screenshot={shot}", report_page.as_uri())
