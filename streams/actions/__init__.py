@@ -1,6 +1,7 @@
 """Alert actions: versioned YAML runbooks executed once per alert key, with dry runs, rate limits,
 retried webhooks and an Action record for everything done (or not done, and why)."""
 
+from streams.actions.case_bundle import client_query
 from streams.actions.runbooks import Runbook, RunbookError, load_runbooks, parse_runbook
 from streams.actions.runner import ActionRunner
 from streams.actions.state import ActionState
@@ -13,6 +14,7 @@ __all__ = [
     "RunbookError",
     "WebhookClient",
     "WebhookResult",
+    "client_query",
     "load_runbooks",
     "parse_runbook",
 ]

@@ -27,6 +27,16 @@ ALERT_SCOPE_COLUMNS = {"model": "model", "route": "route", "rule": "rule", "subj
 DETAIL_TABLES = ("audit_index", "token_entropy", "spans", "alerts")
 
 
+def client_query(client: Any) -> Query:
+    """Adapt a clickhouse-connect client (chDB or server) to the ``query(sql) -> rows`` callable."""
+
+    def query(sql: str) -> list[dict[str, Any]]:
+        result = client.query(sql)
+        return [dict(zip(result.column_names, row)) for row in result.result_rows]
+
+    return query
+
+
 def sql_string(value: str) -> str:
     """A ClickHouse string literal (backslash and quote escaped)."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -94,4 +104,4 @@ def write_bundle(folder: Path, name: str, content: dict[str, Any]) -> tuple[Path
     return path, hashlib.sha256(data).hexdigest()
 
 
-__all__ = ["BUNDLE_FORMAT", "Query", "anomalous_request_ids", "bundle_filename", "collect", "sql_string", "write_bundle"]
+__all__ = ["BUNDLE_FORMAT", "Query", "anomalous_request_ids", "client_query", "bundle_filename", "collect", "sql_string", "write_bundle"]

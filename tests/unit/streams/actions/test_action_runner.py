@@ -12,7 +12,7 @@ import pytest
 from entroloop.ids import derived_event_id
 from entroloop.records import Action, Alert, Audit, RetrainRequest, Span, TokenEntropy, pack_entropies
 from sinks.clickhouse.writer import ClickHouseSink
-from streams.actions import ActionRunner, ActionState, WebhookClient, load_runbooks, parse_runbook
+from streams.actions import ActionRunner, ActionState, WebhookClient, client_query, load_runbooks, parse_runbook
 from tests.unit.streams.actions.webhook_receiver import WebhookReceiver
 
 REPO_RUNBOOKS = load_runbooks(Path(__file__).resolve().parents[4] / "runbooks")
@@ -33,11 +33,7 @@ def sink(chdb_client, ch_database):
 
 
 def _query(client):
-    def query(sql: str) -> list[dict]:
-        result = client.query(sql)
-        return [dict(zip(result.column_names, row)) for row in result.result_rows]
-
-    return query
+    return client_query(client)
 
 
 def _alert(rule: str, n: int, severity: str = "warning", request: str | None = None) -> Alert:
