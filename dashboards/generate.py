@@ -503,12 +503,11 @@ SELECT stage, n FROM (
     UNION ALL SELECT 3, 'corrections', sum(corrections) FROM {DB}.feedback_1m WHERE $__timeFilter(minute)
     UNION ALL SELECT 4, 'bad cases', sum(bad_cases) FROM {DB}.bad_cases_1m WHERE $__timeFilter(minute) AND {MR}
     UNION ALL SELECT 5, 'retrain requests', count() FROM {DB}.retrain_requests FINAL WHERE $__timeFilter(emitted_at) AND {M}
-    UNION ALL SELECT 6, 'adapters trained', countIf(action LIKE 'train%complete%') FROM {DB}.actions FINAL
-        WHERE $__timeFilter(emitted_at) AND runbook = '{TRAINING_RUNBOOK}'
-    UNION ALL SELECT 7, 'adapters promoted', countIf(action LIKE '%promot%') FROM {DB}.actions FINAL
-        WHERE $__timeFilter(emitted_at) AND runbook = '{TRAINING_RUNBOOK}'
-    UNION ALL SELECT 8, 'adapters rolled back', countIf(action LIKE '%roll%back%' OR action LIKE '%rollback%') FROM {DB}.actions FINAL
-        WHERE $__timeFilter(emitted_at) AND runbook = '{TRAINING_RUNBOOK}'
+    UNION ALL SELECT 6, 'adapters trained', count() FROM {DB}.adapters FINAL WHERE $__timeFilter(registered_at) AND {M}
+    UNION ALL SELECT 7, 'adapters promoted', uniqExactIf(adapter_id, status = 'promoted') FROM {DB}.adapter_status
+        WHERE $__timeFilter(at) AND adapter_id IN (SELECT adapter_id FROM {DB}.adapters WHERE {M})
+    UNION ALL SELECT 8, 'adapters rolled back', uniqExactIf(adapter_id, status = 'rolled_back') FROM {DB}.adapter_status
+        WHERE $__timeFilter(at) AND adapter_id IN (SELECT adapter_id FROM {DB}.adapters WHERE {M})
 ) ORDER BY step""",
             width=24, height=9,
             description="Feedback → bad cases (by label below) → retrain requests → adapters trained, promoted, rolled back.",
@@ -560,6 +559,22 @@ SELECT emitted_at, model, category, adapter, bad_case_count, reason, trigger_key
 FROM {DB}.retrain_requests FINAL WHERE $__timeFilter(emitted_at) AND {M}
 ORDER BY emitted_at DESC LIMIT 100""",
             empty_when=("no retrain request in the range", f"SELECT count() FROM {DB}.retrain_requests WHERE $__timeFilter(emitted_at)"),
+        ),
+        panel(
+            "Adapters and their current state", "table",
+            f"""
+SELECT a.adapter_id AS adapter_id, a.model AS model, a.registered_at AS registered_at,
+       if(s.adapter_id = '', 'registered', s.status) AS status, s.share AS canary_share, s.changed_at AS changed_at,
+       a.parent_adapter AS parent, a.trigger_key AS trigger_key
+FROM (SELECT * FROM {DB}.adapters FINAL WHERE $__timeFilter(registered_at) AND {M}) AS a
+LEFT JOIN (
+    SELECT adapter_id, argMax(status, at) AS status, argMax(share, at) AS share, max(at) AS changed_at
+    FROM {DB}.adapter_status GROUP BY adapter_id
+) AS s ON a.adapter_id = s.adapter_id
+ORDER BY registered_at DESC LIMIT 100""",
+            width=24, description="The adapter registry's index (migration 0003): candidate, loaded, canary, promoted, rolled_back, unloaded.",
+            empty_when=("no adapter registered in the range (before the first training run)",
+                        f"SELECT count() FROM {DB}.adapters WHERE $__timeFilter(registered_at)"),
         ),
         panel(
             "Adapter lifecycle (training actions)", "table",

@@ -13,7 +13,6 @@ from typing import Any
 
 BUCKET_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 ALERT_RULES = ("repetition_loop", "gibberish", "entropy_baseline_shift")
-TRAINING_RUNBOOK = "entroloop.training"
 
 Points = list[tuple[float, float]]
 
@@ -108,10 +107,9 @@ def load_report_data(client: Any, database: str = "entroloop") -> ReportData:
 
     ((feedback, negative, corrections),) = r.rows(
         "SELECT count(), countIf(rating < 0), countIf(has_correction) FROM {db}.feedback FINAL")
-    ((trained, promoted, rolled_back),) = r.rows(f"""
-        SELECT countIf(action LIKE 'train%complete%'), countIf(action LIKE '%promot%'),
-               countIf(action LIKE '%roll%back%' OR action LIKE '%rollback%')
-        FROM {{db}}.actions FINAL WHERE runbook = '{TRAINING_RUNBOOK}'""")
+    ((trained,),) = r.rows("SELECT count() FROM {db}.adapters FINAL")
+    ((promoted, rolled_back),) = r.rows(
+        "SELECT uniqExactIf(adapter_id, status = 'promoted'), uniqExactIf(adapter_id, status = 'rolled_back') FROM {db}.adapter_status")
     data.funnel = [
         ("feedback", feedback), ("negative feedback", negative), ("corrections", corrections),
         ("bad cases", data.table_rows["bad_cases"]), ("retrain requests", data.table_rows["retrain_requests"]),
