@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "distributed",
     "report",
     "bench_sinks",
+    "bench_collector",
 ]
 
 for _name in COMMAND_MODULES:
