@@ -7,7 +7,9 @@ confluent-kafka (librdkafka) producer with ``acks=all``, idempotence, compressio
 When the broker is unreachable (all brokers down, or deliveries failing / timing out), records go
 to a local append-only spool file (``collectors.spool``) and are replayed in order once a metadata
 probe reaches the broker again. While the spool holds anything, new records are appended behind it,
-so replay keeps the order in which records were published. If the queue is full (the thread cannot
+and records librdkafka held unsent when the outage began are purged back into the spool first, so
+replay keeps each key's publish order (records already in flight when the broker vanished are
+spooled when they time out; they may also have landed: at-least-once, deduplicated by event_id). If the queue is full (the thread cannot
 keep up), the caller's record goes straight to the spool. A record is dropped only when the spool
 has reached its disk limit; that is counted (``dropped``) and logged as an error.
 
@@ -27,6 +29,7 @@ key: ``request_id``. Partitioner ``consistent_random`` = CRC32 of the key, as
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import threading
@@ -149,11 +152,14 @@ class Publisher:
         self._closing = False
         self._closed = False
         self._outage = False
+        self._purged = False
+        self._replay_spool: Spool | None = None
+        self._replay_delivered: set[int] = set()
         self._last_probe = 0.0
         self._lock = threading.Lock()
         self._drop_logged_at = 0.0
         self.config.spool_dir.mkdir(parents=True, exist_ok=True)
-        own = self.config.spool_dir / f"{self.config.client_id}-{self._pid}.spool"
+        own = self.config.spool_dir / f"{self.config.client_id}-{self._pid}-{next(_instance_numbers)}.spool"
         self._spool = Spool(own, self.config.spool_max_bytes, self.config.fsync)
         # Spool files left by dead processes are replayed first (a live owner's lock keeps us out).
         self._orphans: list[Spool] = []
@@ -204,6 +210,15 @@ class Publisher:
             try:
                 self._producer.poll(0)
                 if self._outage:
+                    if not self._purged:
+                        # Records librdkafka holds but has not sent yet come back now (as
+                        # _PURGE_QUEUE delivery errors, spooled by the callback) instead of after
+                        # delivery_timeout_ms: they are older than anything spooled from now on, so
+                        # the spool keeps publish order. In-flight ones are left alone (they may
+                        # have landed; purging them would re-send them).
+                        self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+                        self._producer.poll(0)
+                        self._purged = True
                     self._spool_queued()
                     if not self._probe():
                         if self._closing:
@@ -293,6 +308,7 @@ class Publisher:
             return False
         log.warning("publisher: broker reachable again; replaying the spool")
         self._outage = False
+        self._purged = False
         return True
 
     def _replay_chunk(self) -> None:
@@ -304,31 +320,49 @@ class Publisher:
                 spool.close(remove_if_empty=True)
                 self._orphans.pop(0)
             return
-        failures: list[int] = []
+        # Records of an interrupted attempt that did reach the broker are remembered by their
+        # (absolute) end offset and not sent again; the cursor moves past the delivered prefix.
+        if self._replay_spool is not spool:
+            self._replay_spool, self._replay_delivered = spool, set()
+        delivered = self._replay_delivered
+        pending = [m for m in messages if m.end not in delivered]
+        reports = [0]
 
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                failures.append(1)
+        def on_delivery_of(end: int) -> Any:
+            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+                reports[0] += 1
+                if err is None:
+                    delivered.add(end)
+
+            return on_delivery
 
         produce = self._producer.produce
-        for message in messages:
+        for message in pending:
             while True:
                 try:
-                    produce(message.topic, message.value, message.key, on_delivery=on_delivery)
+                    produce(message.topic, message.value, message.key, on_delivery=on_delivery_of(message.end))
                     break
                 except BufferError:
                     self._producer.poll(0.05)
-        remaining = self._producer.flush(self.config.delivery_timeout_ms / 1000 + 5)
-        if failures or remaining:
-            # The broker went away again: keep the cursor (those frames are re-sent later;
-            # duplicates are absorbed by event_id downstream) and wait for the next probe.
-            log.warning("publisher: replay interrupted (%d failures); will retry", len(failures) + remaining)
+        # Wait for every record's report: librdkafka reports each one within delivery_timeout_ms
+        # (success or failure). Giving up earlier would replay records that are still on their way.
+        deadline = time.monotonic() + 2 * self.config.delivery_timeout_ms / 1000 + 5
+        while reports[0] < len(pending) and time.monotonic() < deadline:
+            self._producer.poll(0.1)
+        done = 0
+        while done < len(messages) and messages[done].end in delivered:
+            done += 1
+        if done:
+            spool.advance(messages[done - 1].end)
+            self._counts["replayed"] += done
+            for message in messages[:done]:
+                delivered.discard(message.end)
+            if not spool.has_pending():  # the file was emptied: offsets start again at 0
+                delivered.clear()
+        if done < len(messages):
+            log.warning("publisher: replay interrupted after %d of %d records; will retry", done, len(messages))
             self._outage = True
             self._last_probe = time.monotonic()
-            return
-        spool.advance(messages[-1].end)
-        self._counts["replayed"] += len(messages)
-        # Live deliveries that completed during flush() were counted by their own callback.
 
     # --- librdkafka callbacks (run on the background thread, inside poll/flush) ------------------
     def _on_live_delivery(self, err: KafkaError | None, msg: Message) -> None:
@@ -410,6 +444,7 @@ def publisher_from_settings(settings: Settings, **overrides: Any) -> Publisher:
 
 
 _live_publishers: weakref.WeakSet[Publisher] = weakref.WeakSet()
+_instance_numbers = itertools.count()
 _abandoned_after_fork: list[Producer] = []
 
 
