@@ -49,6 +49,28 @@ from entroloop.settings import Settings
 from collectors.spool import FsyncPolicy, Spool, SpoolFull, SpoolLocked, orphan_spools
 
 log = logging.getLogger(__name__)
+librdkafka_log = logging.getLogger(__name__ + ".librdkafka")
+
+
+class _RepeatFilter(logging.Filter):
+    """librdkafka logs every failed reconnect (ten a second in an outage): let one line of each
+    kind through per ``interval`` seconds; the publisher says what matters itself."""
+
+    def __init__(self, interval: float = 30.0) -> None:
+        super().__init__()
+        self.interval = interval
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = record.getMessage().split(" ", 1)[0]  # the librdkafka facility (FAIL, ...)
+        now = time.monotonic()
+        if now - self._last.get(kind, -self.interval) < self.interval:
+            return False
+        self._last[kind] = now
+        return True
+
+
+librdkafka_log.addFilter(_RepeatFilter())
 
 # librdkafka error codes that mean "the broker (not this record) is the problem": spool and retry.
 _TRANSIENT_CODES = {
@@ -174,7 +196,7 @@ class Publisher:
             else:
                 orphan.close(remove_if_empty=True)
         # librdkafka's own log lines go to Python logging (served by poll), not to stderr.
-        self._producer = Producer({**self.config.producer_config(), "error_cb": self._on_error, "logger": log})
+        self._producer = Producer({**self.config.producer_config(), "error_cb": self._on_error, "logger": librdkafka_log})
         self._thread = threading.Thread(target=self._run, name="entroloop-publisher", daemon=True)
         self._thread.start()
 

@@ -36,8 +36,13 @@ port_open() {  # port_open PORT: true if something accepts TCP connections on 12
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-pid_alive() {  # pid_alive PIDFILE
-    [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
+pid_alive() {  # pid_alive PIDFILE: the recorded process runs and is still ours (not a recycled pid)
+    [[ -f "$1" ]] || return 1
+    local pid
+    pid="$(cat "$1")"
+    kill -0 "$pid" 2>/dev/null || return 1
+    # Every service is started with its state folder on its command line.
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$STATE/"
 }
 
 stop_pid() {  # stop_pid PIDFILE NAME GRACE_SECONDS

@@ -74,6 +74,8 @@ class StreamsConfig:
     allow_unsafe_concurrency: bool = False
     """Only for the test that proves the issue-606 guard: accept concurrency > 1 and its loss."""
     node_id: str = field(default_factory=lambda: f"streams@{socket.gethostname()}:{os.getpid()}")
+    datadir: str = ""
+    """Faust's data folder; empty: a folder under /tmp named by the process id."""
     faust_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -88,6 +90,7 @@ class StreamsConfig:
             "batch_size": settings.streams_batch_size,
             "commit_interval_s": settings.streams_commit_interval_s,
             "health_interval_s": settings.streams_health_interval_s,
+            "datadir": str(settings.data_dir / "faust"),
         }
         values.update(overrides)
         return cls(**values)
@@ -133,7 +136,8 @@ class StreamsApp:
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=config.commit_interval_s,
             producer_acks=-1,
-            datadir=os.environ.get("ENTROLOOP_FAUST_DATADIR", f"/tmp/entroloop-faust-{os.getpid()}"),
+            # Faust keeps little here (in-memory tables), but it must not litter the working folder.
+            datadir=os.environ.get("ENTROLOOP_FAUST_DATADIR") or config.datadir or f"/tmp/entroloop-faust-{os.getpid()}",
             **config.faust_options,
         )
         self.app.sensors.add(self.commits)
