@@ -20,6 +20,7 @@ venv: $(VENV)/.installed
 
 demo: venv
 	$(VENV)/bin/entroloop demo --requests $(DEMO_REQUESTS) --data-dir $(DEMO_DIR) --reset
+	$(VENV)/bin/entroloop report --data-dir $(DEMO_DIR) --out $(DEMO_DIR)/report.html
 
 test-fast: venv
 	$(PY) -m pytest tests/unit -q

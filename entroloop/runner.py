@@ -27,6 +27,7 @@ from sinks.audit.parquet_writer import AuditParquetWriter
 from sinks.audit.worm_store import LocalWormStore
 from sinks.clickhouse.client import connect
 from sinks.clickhouse.writer import ClickHouseSink
+from streams.actions import ActionRunner, client_query
 from streams.base import Processor
 from streams.bad_cases import BadCaseJoiner
 from streams.entropy_anomaly import EntropyAnomalyDetector
@@ -37,6 +38,9 @@ from streams.response_rules import ResponseRuleChecker
 from streams.retrain_triggers import RetrainTrigger
 
 RUNNER_NODE = "embedded-runner"
+# At the end of a finite input, event time jumps this far past the last event: further than any
+# window plus its grace, so every window closes.
+END_OF_STREAM_SLACK_S = 24 * 3600.0
 
 
 def intent_scoring_available() -> bool:
@@ -83,6 +87,9 @@ class EmbeddedRunner:
             settings.clickhouse_database,
         )
         self.audit = AuditParquetWriter(LocalWormStore(self.data_dir / "worm"))
+        if processors is None and Path(settings.actions_runbooks_dir).is_dir():
+            # alert actions read recent anomalous requests back from ClickHouse for case bundles
+            self.processors.append(ActionRunner.from_settings(settings, query=client_query(self.clickhouse.client)))
         self.published: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
         self._routes: dict[type, list[Processor]] = defaultdict(list)
@@ -90,6 +97,7 @@ class EmbeddedRunner:
             for record_type in processor.inputs:
                 self._routes[record_type].append(processor)
         self._watermark = 0.0
+        self._max_event_time = 0.0
 
     # --- producing -------------------------------------------------------------------------------
     def publish(self, record: Event) -> bool:
@@ -105,10 +113,18 @@ class EmbeddedRunner:
         self.log.append(topic, key, value)
 
     # --- consuming -------------------------------------------------------------------------------
-    def drain(self, on_batch: Callable[[str, int], None] | None = None) -> int:
-        """Consume until every topic partition is at its end; return the number of messages read."""
+    def drain(self, on_batch: Callable[[str, int], None] | None = None, end_of_stream: bool = False) -> int:
+        """Consume until every topic partition is at its end; return the number of messages read.
+
+        ``end_of_stream``: the input is finite (a demo, a replay), so advance event time past every
+        open window and let windowed processors emit their last results.
+        """
         total = 0
         while True:
+            if not self._pending() and end_of_stream and self._watermark < self._end_time:
+                self._watermark = self._end_time
+                for out in self._fire_watermark():
+                    self.publish(out)
             progressed = 0
             for topic in TOPICS:
                 for partition in range(self.settings.partitions):
@@ -121,6 +137,17 @@ class EmbeddedRunner:
         self.log.flush()
         self.offsets.save()
         return total
+
+    def _pending(self) -> bool:
+        return any(
+            self.offsets.get(t.name, p) < self.log.end_offset(t.name, p)
+            for t in TOPICS
+            for p in range(self.settings.partitions)
+        )
+
+    @property
+    def _end_time(self) -> float:
+        return self._max_event_time + END_OF_STREAM_SLACK_S
 
     def _drain_partition(self, topic: str, partition: int, on_batch: Callable[[str, int], None] | None) -> int:
         start = self.offsets.get(topic, partition)
@@ -152,6 +179,7 @@ class EmbeddedRunner:
                 continue
             records.append(record)
             self._watermark = max(self._watermark, record.emitted_at)
+            self._max_event_time = max(self._max_event_time, record.emitted_at)
         last = first + len(frames) - 1
         if records:
             self.clickhouse.write(topic, partition, first, last, records)

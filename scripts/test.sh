@@ -14,6 +14,13 @@ HEAVY="vllm or training or intent"
 stop_services() { bash scripts/services.sh down || true; }
 trap stop_services EXIT
 
+# the report test opens the HTML page in headless Chromium (Debian's package; about 3 minutes once)
+if ! command -v chromium >/dev/null 2>&1 && [[ -z "${ENTROLOOP_CHROMIUM:-}" ]]; then
+    echo "make test: installing Debian's chromium for the browser tests" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+        || { echo "make test: could not install chromium (apt-get install chromium)" >&2; exit 1; }
+fi
+
 bash scripts/services.sh up || { echo "make test: could not start the test services (see .services/*/)" >&2; exit 1; }
 set -a
 # shellcheck disable=SC1091

@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
             def advance(_topic: str, n: int) -> None:  # derived records grow the log as it drains
                 progress.update(drain, advance=n, total=_log_size(runner))
 
-            runner.drain(on_batch=advance)
+            runner.drain(on_batch=advance, end_of_stream=True)
         summary = _summary(runner, truth, injected_poison)
         summary["bad_cases"] = _score_bad_cases(runner, corrections)
         summary["fallback_rate"] = _fallback_rates(runner, fallbacks_injected / requests)
@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
         runner.rewind()
         with _progress() as progress:
             task = progress.add_task("replay", total=_log_size(runner))
-            runner.drain(on_batch=lambda _t, n: progress.advance(task, n))
+            runner.drain(on_batch=lambda _t, n: progress.advance(task, n), end_of_stream=True)
         after = runner.table_rows()
         result = {
             "rows_before": before,
