@@ -55,6 +55,18 @@ def _store(settings: Settings):
         raise typer.Exit(2) from None
 
 
+def _storage_error(exc: Exception) -> None:
+    """Say what went wrong with the store in one line (no stack trace) and exit 2."""
+    console.print(f"[red]audit store error:[/red] {type(exc).__name__}: {exc}")
+    raise typer.Exit(2) from None
+
+
+def _is_storage_error(exc: Exception) -> bool:
+    from sinks.audit.s3_store import S3Unavailable
+
+    return isinstance(exc, (S3Unavailable, OSError)) or type(exc).__module__.startswith("botocore")
+
+
 @audit_app.command()
 def verify(
     data_dir: DataDir = None,
@@ -64,7 +76,12 @@ def verify(
     """Recompute every hash, Merkle root and chain link; exit 1 naming each problem found."""
     from sinks.audit.verify import verify_store
 
-    report = verify_store(_store(_settings(data_dir, store)))
+    try:
+        report = verify_store(_store(_settings(data_dir, store)))
+    except Exception as exc:
+        if not _is_storage_error(exc):
+            raise
+        _storage_error(exc)
     if as_json:
         print(json.dumps(report.as_dict()))
     else:
@@ -94,9 +111,14 @@ def get(
         raise typer.Exit(2)
     column, value = ("audit_id", audit_id) if audit_id is not None else ("user_id", user_id)
     found = 0
-    for record in find_records(_store(_settings(data_dir, store)), column, value):
-        print(json.dumps(record, ensure_ascii=False, default=str))
-        found += 1
+    try:
+        for record in find_records(_store(_settings(data_dir, store)), column, value):
+            print(json.dumps(record, ensure_ascii=False, default=str))
+            found += 1
+    except Exception as exc:
+        if not _is_storage_error(exc):
+            raise
+        _storage_error(exc)
     if not found:
         console.print(f"no audit record with {column} = {value!r}")
         raise typer.Exit(1)
