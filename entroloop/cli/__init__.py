@@ -26,6 +26,8 @@ COMMAND_MODULES = [
     "report",
     "bench_sinks",
     "bench_collector",
+    "sinks",
+    "training",
 ]
 
 for _name in COMMAND_MODULES:
