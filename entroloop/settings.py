@@ -167,6 +167,9 @@ class Settings(BaseSettings):
         "auto", description="`auto` (bf16 where the hardware has it, else fp32), `bf16` or `fp32`."
     )
     train_seed: int = Field(0, description="Seed of initialisation and data order (same seed, same adapter).")
+    train_cpu_threads: int = Field(
+        0, ge=0, description="Torch threads when training on CPU (0: torch's default; 1 is fastest on a busy shared CPU)."
+    )
     train_replay_ratio: float = Field(
         1.0, ge=0, description="Replay examples of accepted traffic per correction (limits forgetting)."
     )
@@ -178,6 +181,9 @@ class Settings(BaseSettings):
     )
     gate_min_pass_rate: float = Field(
         0.5, ge=0, le=1, description="Gate: regression-suite pass rate the adapter must reach at least."
+    )
+    gate_extra_tokens: int = Field(
+        4, ge=0, description="Gate: tokens the model may generate beyond the correction's length (room to stop)."
     )
     gate_loss_tolerance: float = Field(
         0.05, ge=0, description="Gate: allowed relative rise of held-out loss on accepted traffic (0.05 = 5%)."

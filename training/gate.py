@@ -41,6 +41,7 @@ class GateConfig:
         values = dict(
             min_improvement=settings.gate_min_improvement, min_pass_rate=settings.gate_min_pass_rate,
             loss_tolerance=settings.gate_loss_tolerance, seq_len=settings.train_seq_len,
+            extra_tokens=settings.gate_extra_tokens,
         )
         values.update(overrides)
         return cls(**values)

@@ -66,6 +66,7 @@ class TrainConfig:
             max_steps=settings.train_max_steps, batch_rows=settings.train_batch_rows,
             seq_len=settings.train_seq_len, checkpoint_every=settings.train_checkpoint_every,
             precision=settings.train_precision, seed=settings.train_seed,
+            cpu_threads=settings.train_cpu_threads,
         )
         values.update(overrides)
         return cls(**values)
