@@ -1,0 +1,252 @@
+"""Commands of the retraining loop: ``trainer`` (consumer), ``train`` (one job), ``adapters ...``.
+
+torch, transformers and peft are imported only when a job actually trains, so these commands are
+listed by ``entroloop --help`` in the light virtualenv; training itself needs .venv-ml.
+
+Embedded mode: retrain requests are read from the embedded bus log (DATA_DIR/log), training data
+(bad cases, audits, feedback) too, and every Action record is appended to the bus's actions topic,
+from where the runner's sinks put it in ClickHouse and the audit log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+out = Console()
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", "-d", help="Embedded data folder (default: ENTROLOOP_DATA_DIR or ./.entroloop)."),
+]
+
+
+def _settings(data_dir: Path | None) -> Any:
+    from entroloop.settings import SettingsError, load_settings
+
+    try:
+        return load_settings(**({"data_dir": data_dir} if data_dir else {}))
+    except SettingsError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+def _training_dir(settings: Any) -> Path:
+    return Path(settings.training_dir or Path(settings.data_dir) / "training")
+
+
+def _bus_emitter(settings: Any):
+    """Append Action records to the embedded bus's actions topic (idempotent by event id)."""
+    from entroloop.bus import LocalLog
+    from entroloop.codec import encode
+    from entroloop.topics import topic_of
+
+    log = LocalLog(Path(settings.data_dir) / "log", settings.partitions)
+
+    def emit(record: Any) -> None:
+        log.append(topic_of(record).name, record.request_id, encode(record), record.event_id)
+        log.flush()
+
+    return emit
+
+
+def _actions(settings: Any):
+    from training.actions import ActionLog
+
+    return ActionLog(_bus_emitter(settings), node_id=f"trainer@{settings.node_id}")
+
+
+def _registry(settings: Any, actions: Any):
+    from sinks.audit.worm_store import LocalWormStore
+    from sinks.clickhouse.client import ClickHouseLocked, connect
+    from training.registry import AdapterRegistry
+
+    store = LocalWormStore(Path(settings.adapter_store_dir or Path(settings.data_dir) / "adapters"))
+    try:
+        client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
+    except ClickHouseLocked as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(3) from None
+    registry = AdapterRegistry(store, client, settings.clickhouse_database, actions)
+    registry.ensure_schema()
+    return registry
+
+
+def _source(settings: Any, records: list[Path] | None):
+    from training.pipeline import BusSource, JsonLinesSource
+
+    if records:
+        return JsonLinesSource(list(records))
+    return BusSource(Path(settings.data_dir) / "log", settings.partitions)
+
+
+def _runner(settings: Any, records: list[Path] | None, dry_run: bool):
+    from training.jobs import JobRunner, JobStore
+    from training.pipeline import TrainingPipeline
+
+    actions = _actions(settings)
+    registry = None if dry_run else _registry(settings, actions)
+    try:
+        pipeline = TrainingPipeline(settings, _source(settings, records), registry)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    return JobRunner(JobStore(_training_dir(settings)), pipeline.steps(), actions)
+
+
+def _print_job(job: Any) -> None:
+    status = job.status()
+    summary = {"trigger_key": status["trigger_key"], "state": status["state"], "attempts": status["attempts"]}
+    results = status.get("results", {})
+    if "gate" in results:
+        summary["gate"] = {k: results["gate"].get(k) for k in ("accepted", "adapter_pass_rate", "parent_pass_rate",
+                                                               "adapter_loss", "parent_loss", "reasons")}
+    if "register" in results:
+        summary["adapter_id"] = results["register"]["adapter_id"]
+    if "error" in status:
+        summary["error"] = status["error"]
+    out.print_json(json.dumps(summary, default=str))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def train(
+        request: Annotated[Path, typer.Option("--request", "-r", exists=True, dir_okay=False,
+                                              help="RetrainRequest as JSON (the record's fields).")],
+        records: Annotated[list[Path] | None, typer.Option(
+            "--records", help="JSON Lines files of BadCase/Audit/Feedback records (default: the embedded bus).")] = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Train and gate only; register nothing.")] = False,
+        data_dir: DataDir = None,
+    ) -> None:
+        """Run one retraining job by hand (data set, LoRA training, gate, registry).
+
+        A trigger key that already has a job starts nothing; a crashed job for it is resumed.
+        """
+        import msgspec
+
+        from entroloop.records import RetrainRequest
+
+        settings = _settings(data_dir)
+        try:
+            retrain = msgspec.json.decode(request.read_bytes(), type=RetrainRequest)
+        except msgspec.ValidationError as exc:
+            console.print(f"[red]{request}: not a RetrainRequest: {exc}[/red]")
+            raise typer.Exit(2) from None
+        runner = _runner(settings, records, dry_run)
+        job = runner.submit(retrain)
+        if job is None:
+            existing = runner.store.get(retrain.trigger_key)
+            if existing is not None and not existing.terminal and not existing.is_locked():
+                console.print("a crashed job exists for this trigger key: resuming it")
+                runner.run(existing)
+            job = existing
+            console.print(f"trigger key {retrain.trigger_key!r} already has a job; no second job started")
+        if job is not None:
+            _print_job(job)
+
+    @app.command()
+    def trainer(
+        once: Annotated[bool, typer.Option("--once", help="Process what is there, then exit.")] = False,
+        poll_seconds: Annotated[float, typer.Option(help="Wait between polls of the bus.")] = 5.0,
+        data_dir: DataDir = None,
+    ) -> None:
+        """Consume retrain requests: resume crashed jobs, then one job per new trigger key."""
+        from entroloop.bus import LocalLog, OffsetStore
+        from entroloop.codec import CodecError, decode
+        from entroloop.records import RetrainRequest
+
+        settings = _settings(data_dir)
+        runner = _runner(settings, None, dry_run=False)
+        for job in runner.resume_all():
+            console.print(f"resumed {job.trigger_key}: {job.state}")
+        offsets = OffsetStore(_training_dir(settings) / "offsets.json")
+        topic = RetrainRequest.topic
+        while True:
+            log = LocalLog(Path(settings.data_dir) / "log", settings.partitions)
+            for partition in range(settings.partitions):
+                start, stop = offsets.get(topic, partition), log.end_offset(topic, partition)
+                for offset, (_key, value) in enumerate(log.read(topic, partition, start, stop), start):
+                    try:
+                        record = decode(value)
+                    except CodecError:
+                        record = None
+                    if isinstance(record, RetrainRequest):
+                        try:
+                            job = runner.submit(record)
+                        except Exception as exc:  # the job is marked failed with its reason; keep consuming
+                            console.print(f"[red]{record.trigger_key}: {type(exc).__name__}: {exc}[/red]")
+                            job = None
+                        if job is not None:
+                            _print_job(job)
+                    # Committed only after the job ran (or was a duplicate): a crash re-reads the
+                    # request, and the job folder makes that a resume, never a second job.
+                    offsets.commit(topic, partition, offset + 1)
+                    offsets.save()
+            log.close()
+            if once:
+                return
+            time.sleep(poll_seconds)
+
+    adapters = typer.Typer(help="The adapter registry: list, show, roll back.", no_args_is_help=True)
+    app.add_typer(adapters, name="adapters")
+
+    @adapters.command("list")
+    def adapters_list(
+        model: Annotated[str | None, typer.Option(help="Only adapters of this model.")] = None,
+        data_dir: DataDir = None,
+    ) -> None:
+        """Registered adapters with their current status."""
+        settings = _settings(data_dir)
+        registry = _registry(settings, _actions(settings))
+        table = Table("adapter", "registered", "model", "status", "parent", "trigger key")
+        for row in registry.list(model):
+            table.add_row(row["adapter_id"], str(row["registered_at"])[:19], row["model"], row["status"] or "",
+                          row["parent_adapter"], row["trigger_key"])
+        out.print(table)
+
+    @adapters.command("show")
+    def adapters_show(adapter_id: str, data_dir: DataDir = None) -> None:
+        """An adapter's manifest (file digests, base model and data set digests, metrics) and history."""
+        settings = _settings(data_dir)
+        registry = _registry(settings, _actions(settings))
+        try:
+            manifest = registry.manifest(adapter_id)
+        except FileNotFoundError:
+            console.print(f"[red]no adapter {adapter_id!r}[/red]")
+            raise typer.Exit(2) from None
+        payload = json.loads(manifest.to_bytes())
+        payload["history"] = [
+            {"at": str(at), "status": status, "share": share, "detail": detail}
+            for at, status, share, detail in registry.history(adapter_id)
+        ]
+        out.print_json(json.dumps(payload, default=str))
+
+    @adapters.command("rollback")
+    def adapters_rollback(
+        adapter_id: str,
+        reason: Annotated[str, typer.Option(help="Why (goes into the action record).")] = "manual rollback",
+        data_dir: DataDir = None,
+    ) -> None:
+        """Unload an adapter from every vLLM server (ENTROLOOP_VLLM_SERVERS) and mark it rolled back."""
+        from training.publisher import AdapterPublisher, CanaryPolicy, CanaryRouter, VllmLoraClient
+
+        settings = _settings(data_dir)
+        actions = _actions(settings)
+        registry = _registry(settings, actions)
+        if registry.status(adapter_id) is None:
+            console.print(f"[red]no adapter {adapter_id!r}[/red]")
+            raise typer.Exit(2)
+        router = CanaryRouter(settings.base_model_name or "base", stable=adapter_id)
+        publisher = AdapterPublisher(
+            [VllmLoraClient(url) for url in settings.vllm_servers], router,
+            lambda *_: None, CanaryPolicy.from_settings(settings), actions, registry,  # type: ignore[arg-type,return-value]
+        )
+        publisher.rollback(adapter_id, reason)
+        console.print(f"{adapter_id}: rolled back; now serving {router.stable}")
