@@ -165,3 +165,17 @@ def test_entropy_per_row_handles_masked_tokens() -> None:
     assert got.dtype == torch.float32 and got[1].item() == 0.0
     for row in (0, 2, 3):
         assert abs(got[row].item() - reference(logits[row].float().numpy())) < 1e-5
+
+
+@pytest.mark.parametrize(("scale", "shift"), [(0.01, 0.0), (1.0, 0.0), (3.0, 0.0), (10.0, 20.0), (30.0, 0.0)])
+def test_entropy_per_row_is_accurate_at_every_logit_scale(scale: float, shift: float) -> None:
+    """Confident rows (large logits) are where a logsumexp-minus-dot form cancels in float32."""
+    import torch
+
+    from collectors.vllm.entropy import entropy_per_row
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, 32000, generator=gen) * scale + shift
+    p = torch.softmax(logits.double(), -1)
+    expected = torch.special.entr(p).sum(-1)
+    assert (entropy_per_row(logits).double() - expected).abs().max().item() < 5e-5
