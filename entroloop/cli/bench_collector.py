@@ -50,7 +50,8 @@ def collector(
     Console().print(table)
     if figures["top20_entropy_abs_error_mean"] is not None:
         console.print(f"top-20 entropy error vs exact: mean {figures['top20_entropy_abs_error_mean']:.3f}, "
-                      f"max {figures['top20_entropy_abs_error_max']:.3f} nats")
+                      f"max {figures['top20_entropy_abs_error_max']:.3f} nats "
+                      f"(exact entropy mean {figures['exact_entropy_mean']:.2f} nats)")
     _write_report(figures, out)
     if as_json:
         print(json.dumps(figures))
@@ -69,7 +70,8 @@ def _write_report(figures: dict, out: Path) -> None:
         Figure(section, "top-20 logprobs + host entropy / plain", figures["top20_ratio"], "×",
                baseline="common practice, measured in the same run"),
         Figure(section, "top-20 entropy mean abs error vs exact", figures["top20_entropy_abs_error_mean"], "nats",
-               note=f"max {figures['top20_entropy_abs_error_max']:.3g} nats; the tap is exact (full vocabulary)"
+               note=f"max {figures['top20_entropy_abs_error_max']:.3g} nats, exact mean "
+               f"{figures['exact_entropy_mean']:.2f} nats; the tap is exact (full vocabulary)"
                if figures["top20_entropy_abs_error_max"] is not None else ""),
         Figure(section, "top-20 logprobs payload per request", figures["top20_logprob_bytes_per_request"], "bytes",
                baseline=f"tap: 2 bytes/token = {2 * figures['workload']['max_tokens']} bytes/request"),
