@@ -13,7 +13,6 @@ and condensed (moved) mid-flight and a mix-up between requests would show.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -139,15 +138,3 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
     assert len(firsts) >= len(PROMPTS) - 1
     print(f"worst |tap - reference| = {worst:.2e} nats over {sum(MAX_TOKENS)} tokens")
 
-
-def test_disabled_tap_ships_nothing(tiny_model: Path, engine_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm import LLM, SamplingParams
-
-    monkeypatch.setenv("ENTROLOOP_ENTROPY_TAP_ENABLED", "false")
-    llm = LLM(model=str(tiny_model), dtype="float32", enforce_eager=True, max_model_len=128, seed=0)
-    out = llm.generate(["alpha beta"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-    assert len(out[0].outputs[0].token_ids) == 4
-    time.sleep(1.0)
-    del llm
-    assert read_records(engine_env) == []
-    assert os.environ["ENTROLOOP_ENTROPY_TAP_ENABLED"] == "false"
