@@ -292,6 +292,12 @@ class Settings(BaseSettings):
     streams_health_interval_s: float = Field(
         10.0, gt=0, description="How often each worker publishes Health records (consumer lag, last commit age)."
     )
+    streams_session_timeout_s: float = Field(
+        30.0,
+        ge=6,
+        description="How long a silent (crashed) worker keeps its partitions before the group gives them "
+        "to the others (Kafka consumer session timeout; the broker's minimum is 6 s).",
+    )
 
     # --- alert actions (streams/actions/: runbooks, webhooks, case bundles) ----------------------
     actions_runbooks_dir: Path = Field(

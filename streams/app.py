@@ -91,6 +91,10 @@ class StreamsConfig:
             "commit_interval_s": settings.streams_commit_interval_s,
             "health_interval_s": settings.streams_health_interval_s,
             "datadir": str(settings.data_dir / "faust"),
+            "faust_options": {
+                "broker_session_timeout": settings.streams_session_timeout_s,
+                "broker_heartbeat_interval": min(3.0, settings.streams_session_timeout_s / 6),
+            },
         }
         values.update(overrides)
         return cls(**values)
@@ -123,6 +127,8 @@ class StreamsApp:
         self.stamper = NodeStamper(config.node_id)
         self.commits = CommitTracker()
         self.counts: dict[str, int] = defaultdict(int)
+        datadir = os.environ.get("ENTROLOOP_FAUST_DATADIR") or config.datadir or f"/tmp/entroloop-faust-{os.getpid()}"
+        os.makedirs(datadir, exist_ok=True)
         self.app = faust.App(
             config.topic_prefix + config.app_id,
             broker=f"kafka://{config.bootstrap}",
@@ -137,7 +143,7 @@ class StreamsApp:
             broker_commit_interval=config.commit_interval_s,
             producer_acks=-1,
             # Faust keeps little here (in-memory tables), but it must not litter the working folder.
-            datadir=os.environ.get("ENTROLOOP_FAUST_DATADIR") or config.datadir or f"/tmp/entroloop-faust-{os.getpid()}",
+            datadir=datadir,
             **config.faust_options,
         )
         self.app.sensors.add(self.commits)

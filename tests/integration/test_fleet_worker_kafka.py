@@ -1,0 +1,158 @@
+"""`entroloop fleet` -> Kafka -> `entroloop worker`: the same alerts as the processors give in-process,
+and none lost when the worker is SIGKILLed mid-stream and restarted three times.
+
+Derived records have deterministic event ids (streams.base.derive), so the alerts computed here
+in-process from the same synthetic traffic are exactly the set the worker must publish.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer
+from typer.testing import CliRunner
+
+from entroloop import codec
+from entroloop.cli import app as cli
+from entroloop.records import Alert, TokenEntropy
+from entroloop.settings import Settings
+from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+
+from tests.integration.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.kafka
+
+ENTROPY_RULES = {LOOP, GIBBERISH}
+
+
+def expected_entropy_alerts(bootstrap: str, prefix: str) -> set[str]:
+    """The alerts the detector gives in-process for the TokenEntropy records really published
+    (read back from the topic: the fleet's ids are random, the derived ids are not)."""
+    settings = Settings()
+    detector = EntropyAnomalyDetector(
+        loop_threshold=settings.loop_threshold_nats,
+        loop_min_run=settings.loop_min_run,
+        gibberish_threshold=settings.gibberish_threshold_nats,
+        gibberish_min_run=settings.gibberish_min_run,
+    )
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"tokens-{time.time_ns()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([prefix + TokenEntropy.topic])
+    tokens: list[TokenEntropy] = []
+    idle_since = time.monotonic()
+    while time.monotonic() - idle_since < 3.0:
+        messages = consumer.consume(5000, timeout=0.5)
+        if messages:
+            idle_since = time.monotonic()
+        tokens.extend(codec.decode(m.value()) for m in messages if m.error() is None)  # type: ignore[misc]
+    consumer.close()
+    assert tokens, "the fleet published no TokenEntropy records"
+    return {a.event_id for a in detector.process_batch(tokens) if isinstance(a, Alert)}
+
+
+def publish_fleet(bootstrap: str, prefix: str, requests: int, seed: int, spool: Path) -> None:
+    result = CliRunner().invoke(
+        cli, ["fleet", "-b", bootstrap, "--topic-prefix", prefix, "-n", str(requests), "--seed", str(seed),
+              "--spool-dir", str(spool)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "dropped=0" in result.output and "delivered_all=True" in result.output, result.output
+
+
+def start_worker(bootstrap: str, prefix: str, tmp: Path) -> tuple[subprocess.Popen, Path]:
+    log_path = tmp / f"worker-{time.monotonic_ns()}.log"
+    env = {
+        **os.environ,
+        "ENTROLOOP_KAFKA_BOOTSTRAP": bootstrap,
+        "ENTROLOOP_TOPIC_PREFIX": prefix,
+        "ENTROLOOP_DATA_DIR": str(tmp / "data"),
+        "ENTROLOOP_STREAMS_SESSION_TIMEOUT_S": "6",
+        "ENTROLOOP_STREAMS_BATCH_SIZE": "200",
+        "ENTROLOOP_STREAMS_COMMIT_INTERVAL_S": "0.5",
+    }
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "entroloop.cli", "worker", "--loglevel", "info"],
+                                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return proc, log_path
+
+
+class AlertReader:
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"alerts-{time.time_ns()}",
+                                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        self.consumer.subscribe([topic])
+        self.ids: Counter[str] = Counter()
+
+    def read(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for message in self.consumer.consume(5000, timeout=0.3):
+                if message.error() is None:
+                    record = codec.decode(message.value())
+                    if isinstance(record, Alert) and record.rule in ENTROPY_RULES:
+                        self.ids[record.event_id] += 1
+
+    def read_until_complete(self, expected: set[str], timeout: float, worker: subprocess.Popen) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and worker.poll() is None:
+            self.read(1.0)
+            if expected <= set(self.ids):
+                return True
+        return False
+
+
+def test_worker_publishes_exactly_the_in_process_alerts(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    publish_fleet(kafka_bootstrap, topic_prefix, 400, 11, tmp_path / "spool")
+    expected = expected_entropy_alerts(kafka_bootstrap, topic_prefix)
+    assert expected, "the fleet must inject some loops and gibberish"
+    reader = AlertReader(kafka_bootstrap, topic_prefix + Alert.topic)
+    worker, log_path = start_worker(kafka_bootstrap, topic_prefix, tmp_path)
+    try:
+        complete = reader.read_until_complete(expected, timeout=120, worker=worker)
+        reader.read(2.0)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+        reader.consumer.close()
+    assert complete, f"missing {len(expected - set(reader.ids))} alerts; log:\n{log_path.read_text()[-3000:]}"
+    assert set(reader.ids) == expected, "the worker published alerts the processors would not"
+    assert max(reader.ids.values()) == 1, "a clean run publishes every alert once"
+
+
+@pytest.mark.reliability
+def test_worker_sigkilled_three_times_loses_nothing(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    requests = 3000
+    publish_fleet(kafka_bootstrap, topic_prefix, requests, 5, tmp_path / "spool")
+    expected = expected_entropy_alerts(kafka_bootstrap, topic_prefix)
+    reader = AlertReader(kafka_bootstrap, topic_prefix + Alert.topic)
+    try:
+        for kill in range(3):
+            worker, log_path = start_worker(kafka_bootstrap, topic_prefix, tmp_path)
+            # Kill it mid-stream: once it has published some alerts but (we check) not all.
+            before = len(reader.ids)
+            deadline = time.monotonic() + 120
+            while len(reader.ids) <= before and time.monotonic() < deadline and worker.poll() is None:
+                reader.read(0.5)
+            assert len(reader.ids) > before, f"kill {kill}: worker made no progress:\n{log_path.read_text()[-3000:]}"
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=30)
+        worker, log_path = start_worker(kafka_bootstrap, topic_prefix, tmp_path)
+        complete = reader.read_until_complete(expected, timeout=180, worker=worker)
+        reader.read(2.0)
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    finally:
+        reader.consumer.close()
+    stored = sum(reader.ids.values())
+    lost = len(expected - set(reader.ids))
+    duplicates = stored - len(reader.ids)
+    print(f"\nworker SIGKILLed 3x: expected={len(expected)} stored={stored} duplicates={duplicates} lost={lost}")
+    assert complete and lost == 0, log_path.read_text()[-3000:]
+    assert set(reader.ids) == expected
