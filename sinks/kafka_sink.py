@@ -269,6 +269,7 @@ class KafkaSinkConsumer:
         self.consumer.subscribe(kafka_topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         last_message = time.monotonic()
+        drained_since: float | None = None
         try:
             while not self._stop.is_set():
                 messages = self.consumer.consume(num_messages=10_000, timeout=poll_s)
@@ -276,10 +277,15 @@ class KafkaSinkConsumer:
                     last_message = time.monotonic()
                 self._flush(force=False)
                 self._resume_drained()
-                if until_empty and self._drained():
-                    self._flush(force=True)
-                    if self._drained() and not any(s.batcher.buffered_rows for s in self._states.values()):
-                        break
+                if until_empty:
+                    if self._drained():
+                        self._flush(force=True)
+                        idle = not any(s.batcher.buffered_rows for s in self._states.values())
+                        drained_since = drained_since or time.monotonic()
+                        if idle and time.monotonic() - drained_since >= 1.0:
+                            break
+                    else:
+                        drained_since = None
                 if max_idle_s is not None and time.monotonic() - last_message >= max_idle_s:
                     break
             self._flush(force=True)
@@ -291,7 +297,22 @@ class KafkaSinkConsumer:
         return self.stats
 
     def _drained(self) -> bool:
-        return bool(self._states) and all(s.eof and not s.replay and not s.paused for s in self._states.values())
+        """Every assigned partition read to its end. End-of-partition events can be stale (this
+        sink's own dead letters land after them), so the high watermarks of the latest fetch
+        responses have the last word (``run`` also waits for this to hold for a second, longer than
+        a fetch round trip; asking the broker for each partition's watermark takes ~0.5 s each)."""
+        from confluent_kafka import TopicPartition
+
+        if not self._states or not all(s.eof and not s.replay and not s.paused for s in self._states.values()):
+            return False
+        for state in self._states.values():
+            tp = TopicPartition(state.kafka_topic, state.partition)
+            low, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            position = state.expected if state.expected is not None else low
+            if high > position:
+                state.eof = False
+                return False
+        return True
 
     # --- rebalance -------------------------------------------------------------------------------
     def _state_for(self, kafka_topic: str, partition: int) -> _Partition:
