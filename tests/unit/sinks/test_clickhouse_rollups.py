@@ -167,7 +167,7 @@ def test_upgrade_from_0001_backfills_rollups(client, database, monkeypatch):
     monkeypatch.undo()
 
     applied = migrate(client, database)
-    assert [m.version for m in applied] == [2]
+    assert [m.version for m in applied] == [m.version for m in available_migrations() if m.version > 1]
     new = sample_records(300, seed=6, start=time.time() - 600)  # rows after the upgrade go through the views
     _write_all(ClickHouseSink(client, database, apply_migrations=False), new, partition=1)
     _assert_rollups_match_raw(client, database)
