@@ -146,7 +146,7 @@ case "${1:-}" in
     up) up ;;
     down) down ;;
     status) status ;;
-    env) pid_alive && env_lines ;;
+    env) if pid_alive; then env_lines; fi ;;
     build) build ;;
     clean) down; rm -rf "$STATE" ;;
     *) echo "usage: $0 up|down|status|env|build|clean" >&2; exit 2 ;;
