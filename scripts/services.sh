@@ -8,10 +8,12 @@
 #
 # SERVICE defaults to every service in SERVICES. Each service is a set of functions
 # `<name>_up`, `<name>_down`, `<name>_status`, `<name>_env` (prints its KEY=VALUE lines for
-# .services.env) and `<name>_clean`; to add one (MinIO), write those five and append its name to
-# SERVICES. Everything a service writes lives under .services/<name>/ (logs included); downloads are
-# cached outside the clone (Maven: ~/.m2). After every `up`/`down`, .services.env in the repo root
-# holds the addresses of the running services as settings variables (ENTROLOOP_KAFKA_BOOTSTRAP=...).
+# .services.env) and `<name>_clean`; to add a service, write those five and append its name to
+# SERVICES (MinIO's are thin wrappers of scripts/minio.sh). Everything a service writes lives under
+# .services/<name>/ (logs included); downloads are cached outside the clone (Maven: ~/.m2; MinIO's
+# Go build: ~/.cache/entroloop). After every `up`/`down`, .services.env in the repo root holds the
+# addresses of the running services as settings variables (ENTROLOOP_KAFKA_BOOTSTRAP=...,
+# ENTROLOOP_S3_ENDPOINT=...).
 #
 # Environment knobs:
 #   ENTROLOOP_KAFKA_PORT        broker port (default: the port of the last run, else a free port)
@@ -22,7 +24,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STATE="$ROOT/.services"
 ENV_FILE="$ROOT/.services.env"
-SERVICES=(kafka)
+SERVICES=(kafka minio)
 TIMEOUT="${ENTROLOOP_SERVICES_TIMEOUT:-120}"
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -202,6 +204,13 @@ kafka_env() {
 }
 
 kafka_clean() { kafka_down; rm -rf "$KAFKA_DIR"; }
+
+# --- MinIO (S3 with Object Lock): scripts/minio.sh owns build, start, readiness and stop -------------
+minio_up() { bash "$ROOT/scripts/minio.sh" up; }
+minio_down() { bash "$ROOT/scripts/minio.sh" down; }
+minio_status() { bash "$ROOT/scripts/minio.sh" status; }
+minio_env() { bash "$ROOT/scripts/minio.sh" env; }
+minio_clean() { bash "$ROOT/scripts/minio.sh" clean; }
 
 # --- driver --------------------------------------------------------------------------------------------
 write_env_file() {
