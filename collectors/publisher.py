@@ -28,6 +28,7 @@ key: ``request_id``. Partitioner ``consistent_random`` = CRC32 of the key, as
 
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import logging
@@ -120,13 +121,16 @@ class PublisherConfig:
             )
         values: dict[str, Any] = {
             "bootstrap": settings.kafka_bootstrap,
-            "spool_dir": Path(getattr(settings, "publisher_spool_dir", "") or settings.data_dir / "spool"),
+            "spool_dir": Path(settings.publisher_spool_dir or settings.data_dir / "spool"),
             "topic_prefix": settings.topic_prefix,
             "client_id": f"entroloop-{settings.node_id}",
+            "queue_size": settings.publisher_queue_size,
+            "spool_max_bytes": settings.publisher_spool_max_bytes,
+            "fsync": settings.publisher_fsync,
+            "compression": settings.publisher_compression,
+            "linger_ms": settings.publisher_linger_ms,
+            "delivery_timeout_ms": settings.publisher_delivery_timeout_ms,
         }
-        for name in ("queue_size", "spool_max_bytes", "fsync", "compression", "linger_ms", "delivery_timeout_ms"):
-            if hasattr(settings, f"publisher_{name}"):
-                values[name] = getattr(settings, f"publisher_{name}")
         values.update(overrides)
         return cls(**values)
 
@@ -476,6 +480,15 @@ def _reinit_after_fork() -> None:
             publisher._after_fork_in_child()
 
 
+def _close_at_exit() -> None:
+    # A process that exits without close() would lose what is still queued in memory: deliver it,
+    # or leave it in the spool for the next publisher started in the same spool folder.
+    for publisher in list(_live_publishers):
+        if not publisher._closed and publisher._pid == os.getpid():
+            publisher.close(timeout=5.0)
+
+
 os.register_at_fork(after_in_child=_reinit_after_fork)
+atexit.register(_close_at_exit)
 
 __all__ = ["Publisher", "PublisherConfig", "publisher_from_settings"]

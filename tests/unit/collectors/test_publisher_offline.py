@@ -135,3 +135,24 @@ def test_forked_child_gets_its_own_thread_producer_and_spool(tmp_path: Path) -> 
     publisher.close(timeout=0.2)
     nodes = {codec.decode(v).node_id for v in spooled_values(tmp_path)}
     assert nodes == {"child", "parent"}
+
+
+def test_records_queued_at_interpreter_exit_land_in_the_spool(tmp_path: Path) -> None:
+    """A serving process that exits without close(): the atexit hook spools what is still queued."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from collectors.publisher import Publisher, PublisherConfig
+        from tests.unit.collectors.test_publisher_offline import feedback_records
+        publisher = Publisher(PublisherConfig("127.0.0.1:{closed_port()}", Path({str(tmp_path)!r}),
+                                              delivery_timeout_ms=1000, queue_size=1_000_000))
+        for record in feedback_records(2000):
+            publisher.publish(record)
+        # no close(): the interpreter exits here
+    """)
+    root = Path(__file__).resolve().parents[3]
+    subprocess.run([sys.executable, "-c", script], cwd=root, check=True, timeout=60)
+    assert len(spooled_values(tmp_path)) == 2000
