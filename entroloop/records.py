@@ -61,11 +61,14 @@ class TokenEntropy(Event, tag="token_entropy"):
     def __post_init__(self) -> None:
         if len(self.entropies) % 2:
             raise ValueError("entropies must be a packed float16 array (even number of bytes)")
-        values = self.values()
-        if values.size and not np.isfinite(values).all():
-            raise ValueError("entropies contain NaN or Inf")
-        if values.size and float(values.min()) < 0.0:
-            raise ValueError("entropies must be >= 0 nats")
+        # Runs on every decode, so the common case is one integer reduction over the raw halves:
+        # a float16 whose bits are >= 0x7C00 is Inf/NaN (exponent all ones) or negative (sign bit).
+        bits = np.frombuffer(self.entropies, dtype="<u2")
+        if bits.size and int(bits.max()) >= 0x7C00:
+            bad = bits[(bits >= 0x7C00) & (bits != 0x8000)]  # -0.0 is a harmless zero
+            if bad.size:
+                value = float(bad.view("<f2")[0])
+                raise ValueError("entropies contain NaN or Inf" if not np.isfinite(value) else "entropies must be >= 0 nats")
 
     def values(self) -> np.ndarray:
         """The entropies as a float16 numpy view (no copy)."""

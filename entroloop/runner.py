@@ -24,7 +24,7 @@ from entroloop.records import Audit, DeadLetter, Event
 from entroloop.settings import Settings
 from entroloop.topics import TOPIC_BY_NAME, TOPICS, topic_of
 from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.worm_store import LocalWormStore
+from sinks.audit.stores import open_worm_store
 from sinks.clickhouse.client import connect
 from sinks.clickhouse.writer import ClickHouseSink
 from streams.actions import ActionRunner, client_query
@@ -86,7 +86,7 @@ class EmbeddedRunner:
             connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value()),
             settings.clickhouse_database,
         )
-        self.audit = AuditParquetWriter(LocalWormStore(self.data_dir / "worm"))
+        self.audit = AuditParquetWriter(open_worm_store(settings, create_bucket=True))
         if processors is None and Path(settings.actions_runbooks_dir).is_dir():
             # alert actions read recent anomalous requests back from ClickHouse for case bundles
             self.processors.append(ActionRunner.from_settings(settings, query=client_query(self.clickhouse.client)))

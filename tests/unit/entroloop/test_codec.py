@@ -139,3 +139,8 @@ def test_oversized_record_is_rejected_before_parsing():
     data = encode(Audit(**common("r"), audit_id="a", model="m", prompt="x" * 5000, response=""))
     with pytest.raises(RecordTooLarge):
         decode(data, max_bytes=4096)
+
+
+def test_negative_zero_entropy_is_a_valid_zero():
+    record = TokenEntropy(**common("r"), model="m", entropies=pack_entropies([-0.0, 2.0]))
+    assert decode(encode(record)).values().tolist() == [0.0, 2.0]
