@@ -1,0 +1,265 @@
+"""KafkaSinkConsumer logic against an in-memory consumer: journal before write, exact replay after a
+crash, commit after write, poison to dead letters, pause and resume on backpressure.
+
+The broker-level behaviour (real groups, SIGKILL, real chDB and audit files) is covered by
+tests/integration/test_kafka_sinks.py; here each rule is pinned down in isolation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+
+from collectors.synthetic_fleet import SyntheticFleet
+from entroloop import codec
+from entroloop.records import DeadLetter, TokenEntropy
+from entroloop.settings import Settings
+from sinks.kafka_sink import KafkaSinkConsumer, format_journal, parse_journal
+
+TOPIC = TokenEntropy.topic
+PREFIX = "t."
+KTOPIC = PREFIX + TOPIC
+
+
+class FakeError:
+    def __init__(self, code: int) -> None:
+        self._code = code
+
+    def code(self) -> int:
+        return self._code
+
+    def fatal(self) -> bool:
+        return False
+
+
+@dataclass
+class FakeMessage:
+    _offset: int
+    _value: bytes | None
+    _partition: int = 0
+    _topic: str = KTOPIC
+    _error: Any = None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def error(self) -> Any:
+        return self._error
+
+
+@dataclass
+class FakeConsumer:
+    committed_offsets: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
+    commits: list[tuple[int, str]] = field(default_factory=list)
+    paused: list[tuple[str, int]] = field(default_factory=list)
+    seeks: list[tuple[str, int, int]] = field(default_factory=list)
+    resumed: list[tuple[str, int]] = field(default_factory=list)
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
+        assert asynchronous is False, "sinks commit synchronously"
+        for tp in offsets:
+            self.committed_offsets[(tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
+            self.commits.append((tp.offset, tp.metadata or ""))
+
+    def committed(self, partitions: list[TopicPartition], timeout: float = 0) -> list[TopicPartition]:
+        out = []
+        for tp in partitions:
+            offset, metadata = self.committed_offsets.get((tp.topic, tp.partition), (-1001, ""))
+            out.append(TopicPartition(tp.topic, tp.partition, offset, metadata))
+        return out
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.paused += [(tp.topic, tp.partition) for tp in tps]
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.resumed += [(tp.topic, tp.partition) for tp in tps]
+
+
+@dataclass
+class FakeProducer:
+    produced: list[tuple[str, bytes]] = field(default_factory=list)
+    unflushed: int = 0
+    flushes: int = 0
+
+    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None) -> None:
+        self.produced.append((topic, value))
+        self.unflushed += 1
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        self.flushes += 1
+        self.unflushed = 0
+        return 0
+
+
+class RecordingTarget:
+    """Writes (topic, partition, first, last, n) and what the consumer had committed at that moment."""
+
+    def __init__(self, consumer: FakeConsumer) -> None:
+        self.consumer = consumer
+        self.writes: list[tuple[str, int, int, int, int]] = []
+        self.journal_at_write: list[tuple[int, str]] = []
+        self.fail = False
+
+    def write(self, topic: str, partition: int, first: int, last: int, records: list[Any]) -> int:
+        if self.fail:
+            raise ConnectionError("ClickHouse is down")
+        self.writes.append((topic, partition, first, last, len(records)))
+        self.journal_at_write.append(self.consumer.committed_offsets.get((KTOPIC, partition), (-1, ""))[:2])
+        return len(records)
+
+
+def tokens(n: int) -> list[bytes]:
+    records = [r for q in SyntheticFleet(seed=3).requests(n) for r in q.records if isinstance(r, TokenEntropy)]
+    return [codec.encode(r) for r in records[:n]]
+
+
+def make_sink(committed: dict | None = None, **options: Any) -> tuple[KafkaSinkConsumer, FakeConsumer, FakeProducer, RecordingTarget]:
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", topic_prefix=PREFIX)
+    consumer, producer = FakeConsumer(dict(committed or {})), FakeProducer()
+    target = RecordingTarget(consumer)
+    sink = KafkaSinkConsumer("test", target, [TOPIC], settings, **options)
+    sink.consumer, sink.producer = consumer, producer  # in-memory stand-ins for librdkafka
+    sink._on_assign(consumer, [TopicPartition(KTOPIC, 0)])
+    return sink, consumer, producer, target
+
+
+def messages(values: list[bytes], start: int) -> list[FakeMessage]:
+    return [FakeMessage(start + i, v) for i, v in enumerate(values)]
+
+
+def test_journal_round_trip_and_rejections() -> None:
+    assert parse_journal(format_journal([(10, 19), (20, 35)]), 10) == [(10, 19), (20, 35)]
+    assert parse_journal(format_journal([(10, 19), (20, 35)]), 20) == [(20, 35)]  # first range committed since
+    assert parse_journal("entroloop-pending:10-19,25-30", 10) == []  # not a chain: not trusted
+    assert parse_journal("entroloop-pending:12-19", 10) == []  # does not start at the committed offset
+    assert parse_journal("something else", 10) == [] and parse_journal(None, 10) == []
+    assert format_journal([]) == ""
+
+
+def test_range_is_journaled_before_it_is_written_and_committed_after() -> None:
+    sink, consumer, _, target = make_sink(max_rows=10, max_seconds=60, partition_buffer_rows=100)
+    sink._take(messages(tokens(25), 0))
+    sink._flush(force=False)  # 25 rows >= 10: due
+    assert [(w[2], w[3]) for w in target.writes] == [(0, 9)]
+    # at the moment of the write the group's offset was still 0, with the range in its metadata
+    assert target.journal_at_write == [(0, "entroloop-pending:0-9")]
+    assert consumer.committed_offsets[(KTOPIC, 0)] == (10, "")
+    sink._flush(force=True)
+    assert [(w[2], w[3]) for w in target.writes] == [(0, 9), (10, 19), (20, 24)]
+    assert consumer.committed_offsets[(KTOPIC, 0)] == (25, "")
+
+
+def test_restart_rewrites_the_journaled_ranges_exactly() -> None:
+    # a crash after writing 100-129 (and journaling 130-139) but before committing
+    committed = {(KTOPIC, 0): (100, "entroloop-pending:100-129,130-139")}
+    sink, consumer, _, target = make_sink(committed, max_rows=1000, max_seconds=60)
+    values = tokens(60)
+    sink._take(messages(values[:20], 100))  # not yet through the journaled ranges: nothing written
+    assert target.writes == []
+    sink._take(messages(values[20:], 120))
+    assert [(w[2], w[3]) for w in target.writes] == [(100, 129), (130, 139)]  # same cuts, same tokens
+    assert consumer.committed_offsets[(KTOPIC, 0)] == (140, "")
+    assert sink.stats.replayed_rows == 40
+    sink._flush(force=True)  # the rest is an ordinary batch
+    assert [(w[2], w[3]) for w in target.writes][-1] == (140, 159)
+
+
+def test_retry_after_a_failed_write_keeps_the_journaled_cut() -> None:
+    sink, consumer, _, target = make_sink(max_rows=1000, max_seconds=0.0)
+    values = tokens(30)
+    sink._take(messages(values[:10], 0))
+    target.fail = True
+    sink._flush(force=True)  # journal 0-9 committed, then the write fails
+    assert consumer.committed_offsets[(KTOPIC, 0)] == (0, "entroloop-pending:0-9")
+    target.fail = False
+    sink._take(messages(values[10:], 10))
+    sink._flush(force=True)
+    # the retry covers 0-29 but is split along the journal: 0-9 with its token, then 10-29
+    assert [(w[2], w[3]) for w in target.writes] == [(0, 9), (10, 29)]
+    assert consumer.committed_offsets[(KTOPIC, 0)] == (30, "")
+
+
+def test_poison_becomes_a_dead_letter_delivered_before_the_commit() -> None:
+    sink, consumer, producer, target = make_sink(max_rows=1000, max_seconds=60)
+    values = tokens(4)
+    batch = [*values[:2], b"\xc1 poison", *values[2:]]
+    sink._take(messages(batch, 0))
+    assert len(producer.produced) == 1
+    topic, value = producer.produced[0]
+    assert topic == PREFIX + DeadLetter.topic
+    dead = codec.decode(value)
+    assert isinstance(dead, DeadLetter) and dead.source_offset == 2 and dead.error_type == "malformed"
+    sink._flush(force=True)
+    assert [(w[2], w[3], w[4]) for w in target.writes] == [(0, 4, 4)]  # the range covers the poison offset
+    assert producer.flushes >= 1 and producer.unflushed == 0
+    assert consumer.committed_offsets[(KTOPIC, 0)] == (5, "")
+
+
+def test_only_poison_is_committed_past_once_delivered() -> None:
+    sink, consumer, producer, target = make_sink(max_rows=1000, max_seconds=60)
+    sink._take(messages([b"junk", b"\x92\x01"], 0))
+    assert target.writes == [] and len(producer.produced) == 2
+    assert consumer.committed_offsets[(KTOPIC, 0)] == (2, "")
+
+
+def test_backpressure_pauses_seeks_back_and_resumes() -> None:
+    sink, consumer, _, target = make_sink(max_rows=10, max_seconds=60, partition_buffer_rows=20)
+    values = tokens(50)
+    target.fail = True  # ClickHouse down: the buffer fills
+    sink._take(messages(values[:30], 0))
+    assert consumer.paused == [(KTOPIC, 0)]
+    assert consumer.seeks == [(KTOPIC, 0, 20)], "what did not fit is fetched again from its offset"
+    sink._take(messages(values[30:], 30))  # fetched before the pause took effect: ignored
+    sink._flush(force=False)
+    sink._resume_drained()
+    assert consumer.resumed == []  # still full
+    target.fail = False
+    sink._states[(KTOPIC, 0)].batcher.flush_all()  # the batcher's backoff elapsed; writes go through
+    sink._resume_drained()
+    assert consumer.resumed == [(KTOPIC, 0)]
+    sink._take(messages(values[20:], 20))  # redelivered from the seek offset; 20 fit, pause at 40
+    assert consumer.seeks[-1] == (KTOPIC, 0, 40)
+    sink._flush(force=True)
+    sink._resume_drained()
+    sink._take(messages(values[40:], 40))
+    sink._flush(force=True)
+    written = sorted((w[2], w[3]) for w in target.writes)
+    assert written[0][0] == 0 and written[-1][1] == 49
+    assert sum(w[4] for w in target.writes) == 50
+
+
+def test_end_of_partition_marks_it_drained_until_a_message_follows() -> None:
+    sink, _, _, _ = make_sink(max_rows=10, max_seconds=60)
+    eof = FakeMessage(0, None, _error=FakeError(KafkaError._PARTITION_EOF))
+    sink._take([eof])
+    assert sink._states[(KTOPIC, 0)].eof
+    sink._take([eof, *messages(tokens(1), 0)])
+    assert not sink._states[(KTOPIC, 0)].eof
+
+
+def test_unknown_topic_and_missing_broker_are_refused() -> None:
+    with pytest.raises(ValueError, match="no broker"):
+        KafkaSinkConsumer("x", object(), [TOPIC], Settings(kafka_bootstrap=""))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown topic"):
+        KafkaSinkConsumer("x", object(), ["nope"], Settings(kafka_bootstrap="127.0.0.1:1"))  # type: ignore[arg-type]
