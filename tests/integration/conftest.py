@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,28 @@ def kafka_bootstrap() -> str:
 
 
 @pytest.fixture
-def topic_prefix() -> str:
-    """A topic prefix unique to this test, so tests sharing one broker never see each other's data."""
-    return f"t{uuid.uuid4().hex[:12]}."
+def topic_prefix() -> Iterator[str]:
+    """A topic prefix unique to this test, so tests sharing one broker never see each other's data.
+
+    Afterwards the test's topics (Faust's internal ones included: they carry the prefix too) are
+    deleted, so a long-lived broker does not pile up thousands of partitions and restart slowly.
+    """
+    prefix = f"t{uuid.uuid4().hex[:12]}."
+    yield prefix
+    delete_topics_with_prefix(prefix)
+
+
+def delete_topics_with_prefix(prefix: str) -> None:
+    bootstrap = service_setting("ENTROLOOP_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        return
+    try:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 3000})
+        names = [t for t in admin.list_topics(timeout=5).topics if t.startswith(prefix)]
+        if names:
+            for future in admin.delete_topics(names, operation_timeout=10).values():
+                future.result(timeout=15)
+    except Exception as exc:  # noqa: BLE001 - cleanup must never fail a test that passed
+        print(f"note: could not delete topics {prefix}*: {exc}")
