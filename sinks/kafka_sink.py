@@ -144,12 +144,16 @@ class SinkStats:
     rebalances: int = 0
     dropped_on_revoke: int = 0
     started: float = field(default_factory=time.monotonic)
+    first_message: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        out = {k: v for k, v in self.__dict__.items() if k != "started"}
-        out["elapsed_s"] = round(elapsed, 3)
-        out["rows_per_s"] = round(self.rows_written / elapsed, 1)
+        now = time.monotonic()
+        out = {k: v for k, v in self.__dict__.items() if k not in ("started", "first_message")}
+        out["elapsed_s"] = round(now - self.started, 3)
+        # from the first message to the end: the figure that excludes start-up and the group join
+        active = max(now - (self.first_message or now), 1e-9)
+        out["active_s"] = round(active, 3)
+        out["rows_per_s"] = round(self.rows_written / active, 1) if self.first_message else 0.0
         return out
 
 
@@ -433,6 +437,8 @@ class KafkaSinkConsumer:
         if state.committed is None:
             state.committed = first  # no committed offset yet: the group starts here
         pairs, dead = self._decode(state, messages)
+        if self.stats.first_message is None:
+            self.stats.first_message = time.monotonic()
         self.stats.messages += len(messages)
         self.stats.records += len(pairs)
 
