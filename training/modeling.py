@@ -76,8 +76,9 @@ def load_base_model(base_model: Path) -> Any:
 
 
 def prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
-    ids = tokenizer.encode(prompt + PROMPT_SUFFIX, add_special_tokens=False)
-    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
+    """The prompt's tokens exactly as vLLM's completions endpoint makes them (the tokenizer's own
+    special tokens, e.g. a BOS, included), so training, the gate and serving see the same ids."""
+    return tokenizer.encode(prompt + PROMPT_SUFFIX, add_special_tokens=True)
 
 
 def completion_ids(tokenizer: Any, completion: str) -> list[int]:

@@ -200,13 +200,20 @@ def register(app: typer.Typer) -> None:
     @adapters.command("list")
     def adapters_list(
         model: Annotated[str | None, typer.Option(help="Only adapters of this model.")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="One JSON object per adapter, one per line.")] = False,
         data_dir: DataDir = None,
     ) -> None:
         """Registered adapters with their current status."""
         settings = _settings(data_dir)
         registry = _registry(settings, _actions(settings))
+        rows = registry.list(model)
+        if as_json:
+            for row in rows:
+                print(json.dumps(row, default=str))
+            return
         table = Table("adapter", "registered", "model", "status", "parent", "trigger key")
-        for row in registry.list(model):
+        table.columns[0].no_wrap = True
+        for row in rows:
             table.add_row(row["adapter_id"], str(row["registered_at"])[:19], row["model"], row["status"] or "",
                           row["parent_adapter"], row["trigger_key"])
         out.print(table)

@@ -20,10 +20,10 @@ from tests.integration.training_fixtures import (
     GATE_OVERRIDES,
     TRAIN_OVERRIDES,
     correction_records,
-    greedy_responses,
     python,
-    replay_prompts,
+    replay_pairs,  # noqa: F401 - fixture
     retrain_request,
+    tiny_base_model,  # noqa: F401 - fixture
     training_settings,
     write_jsonl,
 )
@@ -36,19 +36,6 @@ from training.registry import AdapterRegistry
 pytestmark = pytest.mark.training
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def tiny_base_model(tmp_path_factory) -> Path:
-    from tests.integration.vllm_tiny_model import build_tiny_llama
-
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "model")
-
-
-@pytest.fixture(scope="session")
-def replay_pairs(tiny_base_model) -> list[tuple[str, str]]:
-    prompts = replay_prompts()
-    return list(zip(prompts, greedy_responses(tiny_base_model, prompts)))
 
 
 def _runner(tmp_path, base, records, registry=None, actions=None, **settings):
@@ -88,7 +75,7 @@ def test_job_learns_corrections_passes_gate_and_is_registered(tmp_path, tiny_bas
     gate = results["gate"]
     assert gate["adapter_pass_rate"] >= 0.8 and gate["parent_pass_rate"] == 0.0
     assert gate["adapter_loss"] <= gate["parent_loss"] * 1.05
-    assert results["train"]["steps"] == 100 and results["train"]["resumed_from_step"] == 0
+    assert results["train"]["steps"] == 150 and results["train"]["resumed_from_step"] == 0
 
     adapter_id = results["register"]["adapter_id"]
     manifest = registry.manifest(adapter_id)
@@ -127,7 +114,7 @@ RUN_JOB = textwrap.dedent(
     from training.jobs import JobRunner, JobStore
     from training.pipeline import JsonLinesSource, TrainingPipeline
     tmp, base, records = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-    settings = training_settings(tmp, base, train_max_steps=120, train_checkpoint_every=10)
+    settings = training_settings(tmp, base, train_max_steps=150, train_checkpoint_every=10)
     pipeline = TrainingPipeline(settings, JsonLinesSource([records]), None, train_overrides=TRAIN_OVERRIDES,
                                 gate_overrides=GATE_OVERRIDES, progress=False)
     JobRunner(JobStore(tmp / "training"), pipeline.steps(), ActionLog()).submit(retrain_request("crash-key"))
@@ -158,7 +145,7 @@ def test_job_killed_mid_training_resumes_from_checkpoint(tmp_path, tiny_base_mod
     assert job.state == "train"
     killed_at = max(json.loads(p.read_text())["step"] for p in ckpts)
 
-    settings = training_settings(tmp_path, tiny_base_model, train_max_steps=120, train_checkpoint_every=10)
+    settings = training_settings(tmp_path, tiny_base_model, train_max_steps=150, train_checkpoint_every=10)
     pipeline = TrainingPipeline(settings, JsonLinesSource([records]), None, train_overrides=TRAIN_OVERRIDES,
                                 gate_overrides=GATE_OVERRIDES, progress=False)
     actions = ActionLog()
@@ -169,7 +156,7 @@ def test_job_killed_mid_training_resumes_from_checkpoint(tmp_path, tiny_base_mod
     train = status["results"]["train"]
     print("resume", killed_at, train)
     assert train["resumed_from_step"] >= killed_at >= 10
-    assert train["steps"] == 120 and train["steps_run_now"] == 120 - train["resumed_from_step"]
+    assert train["steps"] == 150 and train["steps_run_now"] == 150 - train["resumed_from_step"]
     assert status["attempts"] == 2 and status["steps_done"][0] == "dataset"
     assert actions.names("crash-key")[:2] == ["retrain.duplicate", "retrain.resumed"]
     assert status["state"] == "accepted", status["results"]["gate"]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from entroloop.ids import NodeStamper
 from entroloop.records import Audit, BadCase, Event, RetrainRequest
@@ -34,7 +35,7 @@ GATE_OVERRIDES = {"extra_tokens": 0}
 def training_settings(tmp: Path, base_model: Path, **overrides) -> Settings:
     values = dict(
         data_dir=tmp / "data", base_model_path=str(base_model), base_model_name=MODEL,
-        train_max_steps=100, train_batch_rows=4, train_seq_len=128, train_checkpoint_every=20,
+        train_max_steps=150, train_batch_rows=4, train_seq_len=128, train_checkpoint_every=20,
         train_learning_rate=2e-2, train_precision="auto", train_replay_ratio=0.5,
     )
     values.update(overrides)
@@ -104,3 +105,46 @@ def write_jsonl(records: list[Event], path: Path) -> Path:
 
 def python() -> str:
     return sys.executable
+
+
+_BUILT: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session")
+def tiny_base_model(tmp_path_factory) -> Path:
+    """The tiny random-weight Llama (tests/integration/vllm_tiny_model.py), built once per process."""
+    if "model" not in _BUILT:
+        from tests.integration.vllm_tiny_model import build_tiny_llama
+
+        folder = build_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "model")
+        _BUILT["model"] = set_lm_head_scale(folder, TRAINING_LM_HEAD_SCALE)
+    return _BUILT["model"]  # type: ignore[return-value]
+
+
+# The shared builder sharpens its output head for the entropy tests (LM_HEAD_SCALE there); a head
+# that sharp needs many more LoRA steps to move an argmax, so the training tests pin their own
+# scale instead of inheriting whatever the entropy tests need next.
+TRAINING_LM_HEAD_SCALE = 0.4
+
+
+def set_lm_head_scale(folder: Path, scale: float) -> Path:
+    """Rescale the saved model's output head so its weights have std ``scale`` (rewrites weights)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from tests.integration import vllm_tiny_model
+
+    model = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale / vllm_tiny_model.LM_HEAD_SCALE)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def replay_pairs(tiny_base_model) -> list[tuple[str, str]]:
+    """Accepted traffic: replay prompts with the base model's own greedy answers (built once)."""
+    if "replay" not in _BUILT:
+        prompts = replay_prompts()
+        _BUILT["replay"] = list(zip(prompts, greedy_responses(tiny_base_model, prompts)))
+    return _BUILT["replay"]  # type: ignore[return-value]
