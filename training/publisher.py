@@ -131,6 +131,9 @@ class CanaryPolicy:
     error_rate_limit: float = 0.03
     fallback_rate_limit: float = 0.1
     anomaly_rate_limit: float = 0.05
+    # Checks in a row without enough canary traffic before the canary is abandoned (rolled back):
+    # an adapter nobody is sent to must not sit half-rolled-out forever.
+    max_idle_checks: int = 30
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> CanaryPolicy:
@@ -167,6 +170,7 @@ class CanaryController:
         self.stage = 0
         self.healthy_checks = 0
         self.stage_started = 0.0
+        self.idle_checks = 0
         self.state = "pending"
 
     @property
@@ -199,8 +203,14 @@ class CanaryController:
             self.state = "rolled_back"
             return Decision("rollback", self.stage, self.share, failure)
         if health.requests < self.policy.min_requests:
+            self.idle_checks += 1
+            if self.idle_checks >= self.policy.max_idle_checks:
+                self.state = "rolled_back"
+                return Decision("rollback", self.stage, self.share,
+                                f"no canary traffic: {self.idle_checks} checks under {self.policy.min_requests} requests")
             return Decision("wait", self.stage, self.share,
                             f"{health.requests} < {self.policy.min_requests} canary requests: not judged yet")
+        self.idle_checks = 0
         self.healthy_checks += 1
         served = now - self.stage_started >= self.policy.stage_seconds - 1e-9
         if self.healthy_checks < self.policy.checks_per_stage or not served:
@@ -337,13 +347,17 @@ class AdapterPublisher:
             self.router.promote(adapter_id)
             action = self.actions.record("canary.promoted", adapter_id, previous=previous, reason=decision.reason)
             self._status(adapter_id, "promoted", 1.0, decision.reason, action)
+            if previous != self.router.base_model:
+                # Still loaded (a later rollback can route back to it by hand), no longer current.
+                self._status(previous, "superseded", 0.0, f"superseded by {adapter_id}", action)
         elif decision.kind == "rollback":
             self.rollback(adapter_id, decision.reason, share=decision.share)
 
     def rollback(self, adapter_id: str, reason: str, share: float = 0.0) -> None:
         """Route everything back to the stable model first, then unload the adapter everywhere."""
         if self.router.stable == adapter_id:
-            # Rolling back the promoted adapter itself: fall back to the base model.
+            # Rolling back the promoted adapter itself: fall back to the base model (the base is
+            # always served; a superseded parent may no longer be loaded anywhere).
             self.router.promote(self.router.base_model)
         self.router.clear_canary()
         action = self.actions.record("canary.rolled_back", adapter_id, outcome="rolled_back", reason=reason,

@@ -25,7 +25,8 @@ from sinks.audit.worm_store import WormStore
 from training.actions import ActionLog
 
 MANIFEST_VERSION = 1
-STATUSES = ("candidate", "loaded", "canary", "promoted", "rolled_back", "unloaded", "rejected")
+# "superseded": a promoted adapter replaced by a newer promoted one (so "promoted" means current).
+STATUSES = ("candidate", "loaded", "canary", "promoted", "superseded", "rolled_back", "unloaded", "rejected")
 
 
 class ManifestMismatch(RuntimeError):

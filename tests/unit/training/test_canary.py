@@ -165,3 +165,35 @@ def test_clickhouse_canary_metrics(chdb_client, ch_database) -> None:
     health = ClickHouseCanaryMetrics(chdb_client, ch_database)("ad-x", since - 5)
     assert health == CanaryHealth(requests=40, errors=4, fallbacks=3, anomalies=1)
     assert ClickHouseCanaryMetrics(chdb_client, ch_database)("ad-x", time.time() + 60).requests == 0
+
+
+def test_canary_without_traffic_is_abandoned() -> None:
+    c = CanaryController(CanaryPolicy(min_requests=20, max_idle_checks=3))
+    c.start(0.0)
+    kinds = [c.observe(CanaryHealth(requests=5), float(t)).kind for t in (1, 2, 3)]
+    assert kinds == ["wait", "wait", "rollback"] and c.state == "rolled_back"
+
+
+def test_promotion_supersedes_the_previous_adapter(tmp_path, chdb_client, ch_database) -> None:
+    from sinks.audit.worm_store import LocalWormStore
+    from training.registry import AdapterRegistry
+
+    actions = ActionLog()
+    registry = AdapterRegistry(LocalWormStore(tmp_path), chdb_client, ch_database, actions)
+    registry.ensure_schema()
+    ids = []
+    for n in range(2):
+        folder = tmp_path / f"a{n}"
+        folder.mkdir()
+        (folder / "adapter_model.safetensors").write_bytes(bytes([n]))
+        ids.append(registry.register(folder, model="m", base_model_digest="b", dataset_digest="d",
+                                     metrics={}).adapter_id)
+    clock = FakeClock()
+    router = CanaryRouter("base")
+    pub = AdapterPublisher([FakeServer("http://a")], router, lambda a, s: HEALTHY, POLICY, actions, registry,
+                           clock=clock, sleep=clock.sleep)
+    assert pub.rollout(ids[0], "/p0").outcome == "promoted"
+    assert pub.rollout(ids[1], "/p1").outcome == "promoted"
+    assert registry.status(ids[0]) == "superseded" and registry.promoted("m") == ids[1]
+    pub.rollback(ids[1], "bad in production")
+    assert router.choose("x") == "base" and registry.promoted("m") == ""
