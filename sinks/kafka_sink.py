@@ -327,6 +327,7 @@ class KafkaSinkConsumer:
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self.stats.rebalances += 1
+        log.info("assigned %d partition(s)", len(partitions))
         for tp in partitions:
             self._states[(tp.topic, tp.partition)] = self._state_for(tp.topic, tp.partition)
         try:
