@@ -228,25 +228,34 @@ MetricsQuery = Callable[[str, float], CanaryHealth]
 
 
 class ClickHouseCanaryMetrics:
-    """Canary health from ClickHouse: request spans, fallbacks and entropy-anomaly alerts whose
-    model is the adapter id (vLLM reports the adapter name as the model of its requests)."""
+    """Canary health from ClickHouse.
 
-    def __init__(self, client: Any, database: str, anomaly_rules: Sequence[str] = ("loop", "gibberish")) -> None:
+    Canary requests are the request spans whose model is the adapter id (vLLM reports the adapter
+    name as the model of its requests, and so does the gateway). Fallbacks and entropy-anomaly
+    alerts count when they name the adapter as model *or* belong to one of those requests: the
+    entropy tap labels tokens with the engine's served model name, so its alerts are attributed
+    to the canary through ``request_id``.
+    """
+
+    def __init__(self, client: Any, database: str,
+                 anomaly_rules: Sequence[str] = ("repetition_loop", "gibberish", "entropy_baseline_shift")) -> None:
         self.client, self.database, self.rules = client, database, tuple(anomaly_rules)
 
     def __call__(self, adapter_id: str, since: float) -> CanaryHealth:
         db, params = self.database, {"m": adapter_id, "t": since, "rules": list(self.rules)}
+        where = "model = %(m)s AND name = 'llm_request' AND emitted_at >= toDateTime64(%(t)s, 3)"
+        canary = f"SELECT request_id FROM {db}.spans FINAL WHERE {where}"
         requests, errors = self.client.query(
-            f"SELECT count(), countIf(status != 'ok') FROM {db}.spans FINAL WHERE model = %(m)s "
-            "AND name = 'llm_request' AND emitted_at >= toDateTime64(%(t)s, 3)", parameters=params,
+            f"SELECT count(), countIf(status != 'ok') FROM {db}.spans FINAL WHERE {where}", parameters=params,
         ).result_rows[0]
         fallbacks = self.client.query(
-            f"SELECT uniqExact(request_id) FROM {db}.fallbacks FINAL WHERE model = %(m)s "
-            "AND emitted_at >= toDateTime64(%(t)s, 3)", parameters=params,
+            f"SELECT uniqExact(request_id) FROM {db}.fallbacks FINAL WHERE emitted_at >= toDateTime64(%(t)s, 3) "
+            f"AND (model = %(m)s OR request_id IN ({canary}))", parameters=params,
         ).result_rows[0][0]
         anomalies = self.client.query(
-            f"SELECT uniqExact(request_id) FROM {db}.alerts FINAL WHERE model = %(m)s AND rule IN %(rules)s "
-            "AND emitted_at >= toDateTime64(%(t)s, 3)", parameters=params,
+            f"SELECT uniqExact(request_id) FROM {db}.alerts FINAL WHERE rule IN %(rules)s "
+            f"AND emitted_at >= toDateTime64(%(t)s, 3) AND (model = %(m)s OR request_id IN ({canary}))",
+            parameters=params,
         ).result_rows[0][0]
         return CanaryHealth(int(requests), int(errors), int(fallbacks), int(anomalies))
 

@@ -160,10 +160,13 @@ def test_clickhouse_canary_metrics(chdb_client, ch_database) -> None:
     fallbacks = [Fallback(**stamper.stamp(), request_id=f"r{i}", model="ad-x", reason="low_intent") for i in range(3)]
     sink.write(Fallback.topic, 0, 0, 2, fallbacks)
     alerts = [Alert(**stamper.stamp(), request_id="r1", alert_key=f"k{i}", rule=rule, model="ad-x")
-              for i, rule in enumerate(["loop", "gibberish", "slo"])]
-    sink.write(Alert.topic, 0, 0, 2, alerts)
+              for i, rule in enumerate(["repetition_loop", "gibberish", "slo_breach"])]
+    # The entropy tap names the engine's model, not the adapter: attributed through request_id.
+    alerts.append(Alert(**stamper.stamp(), request_id="r2", alert_key="k9", rule="gibberish", model="tiny-llama"))
+    alerts.append(Alert(**stamper.stamp(), request_id="not-canary", alert_key="k10", rule="gibberish", model="tiny"))
+    sink.write(Alert.topic, 0, 0, len(alerts) - 1, alerts)
     health = ClickHouseCanaryMetrics(chdb_client, ch_database)("ad-x", since - 5)
-    assert health == CanaryHealth(requests=40, errors=4, fallbacks=3, anomalies=1)
+    assert health == CanaryHealth(requests=40, errors=4, fallbacks=3, anomalies=2)
     assert ClickHouseCanaryMetrics(chdb_client, ch_database)("ad-x", time.time() + 60).requests == 0
 
 
