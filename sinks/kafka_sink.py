@@ -614,6 +614,33 @@ class KafkaSinkConsumer:
 
 
 # --- the two sinks ----------------------------------------------------------------------------------
+class PrefixedClickHouseTarget:
+    """``ClickHouseSink.write`` with the topic prefix in the deduplication token.
+
+    Tokens name ``topic/partition/first-last``; two prefixes (tenants) sharing one database would
+    otherwise produce equal tokens for different rows, and ClickHouse would silently drop the
+    second tenant's batch as a "duplicate".
+    """
+
+    def __init__(self, sink: Any, prefix: str) -> None:
+        self.sink = sink
+        self.prefix = prefix
+
+    def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event]) -> int:
+        from sinks.clickhouse.arrow_rows import build_table
+        from sinks.clickhouse.writer import batch_token, insert_settings
+
+        if not records:
+            return 0
+        table = TOPIC_BY_NAME[topic].table
+        arrow = build_table(table, self.sink.columns(table), records)
+        token = batch_token(self.prefix + topic, [(partition, first_offset, last_offset)])
+        self.sink.client.insert_arrow(f"{self.sink.database}.{table}", arrow, settings=insert_settings(token))
+        self.sink.inserts += 1
+        self.sink.rows_written += len(records)
+        return len(records)
+
+
 def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkConsumer:
     """Every topic of the registry into its ClickHouse table (migrations applied first)."""
     from entroloop.topics import TOPICS
@@ -621,7 +648,8 @@ def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkCon
     from sinks.clickhouse.writer import ClickHouseSink
 
     client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
-    target = ClickHouseSink(client, settings.clickhouse_database)
+    sink = ClickHouseSink(client, settings.clickhouse_database)
+    target = PrefixedClickHouseTarget(sink, settings.topic_prefix) if settings.topic_prefix else sink
     return KafkaSinkConsumer("clickhouse", target, [t.name for t in TOPICS], settings, **options)
 
 

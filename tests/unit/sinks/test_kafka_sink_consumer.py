@@ -263,3 +263,18 @@ def test_unknown_topic_and_missing_broker_are_refused() -> None:
         KafkaSinkConsumer("x", object(), [TOPIC], Settings(kafka_bootstrap=""))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown topic"):
         KafkaSinkConsumer("x", object(), ["nope"], Settings(kafka_bootstrap="127.0.0.1:1"))  # type: ignore[arg-type]
+
+
+def test_prefixes_sharing_a_database_do_not_share_dedup_tokens(chdb_client: Any, ch_database: str) -> None:
+    """Same topic, partition and offsets under two prefixes are different rows, both kept."""
+    from sinks.clickhouse.writer import ClickHouseSink
+    from sinks.kafka_sink import PrefixedClickHouseTarget
+
+    sink = ClickHouseSink(chdb_client, ch_database)
+    records = [r for q in SyntheticFleet(seed=9).requests(20) for r in q.records if isinstance(r, TokenEntropy)]
+    tenant_a, tenant_b = PrefixedClickHouseTarget(sink, "a."), PrefixedClickHouseTarget(sink, "b.")
+    tenant_a.write(TOPIC, 0, 0, 9, records[:10])
+    tenant_b.write(TOPIC, 0, 0, 9, records[10:])
+    tenant_a.write(TOPIC, 0, 0, 9, records[:10])  # a redelivery of tenant a: dropped
+    rows = chdb_client.query(f"SELECT count() FROM {ch_database}.token_entropy").result_rows[0][0]
+    assert rows == 20
