@@ -9,7 +9,7 @@ COPY collectors ./collectors
 COPY streams ./streams
 COPY sinks ./sinks
 COPY training ./training
-RUN pip install --no-cache-dir ".[${EXTRAS}]"
+RUN pip install --no-cache-dir ".[${EXTRAS}]" && mkdir -p /var/lib/entroloop && chown nobody /var/lib/entroloop
 USER nobody
 ENTRYPOINT ["entroloop"]
 CMD ["--help"]
