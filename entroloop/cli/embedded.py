@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from entroloop.records import DeadLetter, TokenEntropy
+from entroloop.demo_summary import FleetTruth, summarize
+from entroloop.records import TokenEntropy
 from entroloop.settings import Settings, SettingsError, load_settings, settings_markdown
 from entroloop.topics import TOPICS
 from sinks.clickhouse.client import ClickHouseLocked
@@ -57,26 +58,10 @@ def _wipe(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def score_anomalies(alerts: list[tuple[str, str, int, int]], truth: dict[str, list[tuple[str, int, int]]]) -> dict[str, Any]:
-    """Match alerts to injected runs (same request and rule, overlapping spans)."""
-    injected = sum(len(v) for v in truth.values())
-    matched_truth: set[tuple[str, int]] = set()
-    true_positive = 0
-    for rule, request_id, start, end in alerts:
-        hit = False
-        for i, (t_rule, t_start, t_end) in enumerate(truth.get(request_id, [])):
-            if t_rule == rule and start < t_end and t_start < end:
-                matched_truth.add((request_id, i))
-                hit = True
-        true_positive += hit
-    found = len(alerts)
-    return {
-        "found": found,
-        "injected": injected,
-        "matched": len(matched_truth),
-        "precision": round(true_positive / found, 4) if found else 1.0,
-        "recall": round(len(matched_truth) / injected, 4) if injected else 1.0,
-    }
+def intent_status(processors: list[Any]) -> str:
+    if any(p.name == "intent_similarity" for p in processors):
+        return "on"
+    return "off: install the `intent` extra (sentence-transformers) to score query/answer similarity"
 
 
 def register(app: typer.Typer) -> None:
@@ -106,27 +91,18 @@ def register(app: typer.Typer) -> None:
             _wipe(path)
         runner = _runner(settings)
         fleet = SyntheticFleet(seed=seed)
-        truth: dict[str, list[tuple[str, int, int]]] = {}
-        injected_poison = 0
-        corrections: dict[str, str] = {}
-        fallbacks_injected = 0
+        truth = FleetTruth()
         with _progress() as progress:
             task = progress.add_task("fleet → bus", total=requests)
             for i, req in enumerate(fleet.requests(requests)):
                 for record in req.records:
                     runner.publish(record)
-                lab = req.labels
-                spans = [("repetition_loop", *s) for s in lab.loops] + [("gibberish", *s) for s in lab.gibberish]
-                if spans:
-                    truth[lab.request_id] = spans
-                if lab.corrected:
-                    corrections[lab.request_id] = lab.error_label
-                fallbacks_injected += lab.fallback
+                truth.observe(req)
                 if i % 500 == 250:  # poison records a real topic sees, mixed into the stream
                     valid = next(r for r in req.records if isinstance(r, TokenEntropy))
                     for _, payload in malformed_payloads(fleet.rng, _encode(valid)):
                         runner.publish_raw(TokenEntropy.topic, valid.request_id, payload)
-                        injected_poison += 1
+                        truth.malformed += 1
                 progress.advance(task)
             drain = progress.add_task("pipeline", total=_log_size(runner))
 
@@ -134,12 +110,8 @@ def register(app: typer.Typer) -> None:
                 progress.update(drain, advance=n, total=_log_size(runner))
 
             runner.drain(on_batch=advance, end_of_stream=True)
-        summary = _summary(runner, truth, injected_poison)
-        summary["bad_cases"] = _score_bad_cases(runner, corrections)
-        summary["fallback_rate"] = _fallback_rates(runner, fallbacks_injected / requests)
-        summary["intent_scoring"] = "on" if any(p.name == "intent_similarity" for p in runner.processors) else (
-            "off: install the `intent` extra (sentence-transformers) to score query/answer similarity"
-        )
+        summary = summarize(runner.clickhouse.client, runner.clickhouse.database, truth, runner.published, runner.audit.store)
+        summary["intent_scoring"] = intent_status(runner.processors)
         runner.close()
         _print_summary(summary, as_json)
 
@@ -250,52 +222,6 @@ def _progress() -> Progress:
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=False,
     )
-
-
-def _summary(runner: Any, truth: dict[str, list[tuple[str, int, int]]], injected_poison: int) -> dict[str, Any]:
-    alerts = runner.clickhouse.client.query(
-        f"SELECT rule, request_id, token_start, token_end FROM {runner.clickhouse.database}.alerts FINAL "
-        "WHERE rule IN ('repetition_loop', 'gibberish')"
-    ).result_rows
-    stored = runner.stored_counts()
-    emitted = {t.name: runner.published.get(t.name, 0) for t in TOPICS}
-    return {
-        "events_emitted": emitted,
-        "stored": stored,
-        "lost": {t: emitted[t] - stored[t] for t in emitted if emitted[t] != stored[t]},
-        "rows": runner.table_rows(),
-        "dead_letters": stored[DeadLetter.topic],
-        "dead_letter_reasons": dict(runner.dead_letter_reasons),
-        "malformed_injected": injected_poison,
-        "audit_files": runner.audit.files_written,
-        "audit_records": runner.audit.records_written,
-        "anomalies": score_anomalies([tuple(a) for a in alerts], truth),
-    }
-
-
-def _score_bad_cases(runner: Any, corrections: dict[str, str]) -> dict[str, Any]:
-    """Did every injected correction become a bad case carrying the injected error's label?"""
-    rows = runner.clickhouse.client.query(
-        f"SELECT request_id, labels FROM {runner.clickhouse.database}.bad_cases FINAL"
-    ).result_rows
-    found = {request_id: set(labels) for request_id, labels in rows}
-    right = sum(1 for rid, label in corrections.items() if label in found.get(rid, ()))
-    return {
-        "corrections_injected": len(corrections),
-        "found": sum(1 for rid in corrections if rid in found),
-        "right_label": right,
-        "wrong_label": sorted({label for rid, label in corrections.items() if label not in found.get(rid, ())}),
-    }
-
-
-def _fallback_rates(runner: Any, injected_rate: float) -> dict[str, float]:
-    """Gateway fallback rate as stored in ClickHouse vs the rate the fleet injected."""
-    db = runner.clickhouse.database
-    fallbacks = runner.clickhouse.client.query(
-        f"SELECT count() FROM {db}.fallbacks FINAL WHERE source = 'gateway'"
-    ).result_rows[0][0]
-    requests = runner.clickhouse.count("audit_index")
-    return {"injected": round(injected_rate, 4), "stored": round(fallbacks / max(requests, 1), 4)}
 
 
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:

@@ -102,3 +102,21 @@ def test_query_reports_sql_errors_plainly(demo):
     data_dir, _ = demo
     proc = run_cli("query", "SELECT nope FROM entroloop.spans", "--data-dir", str(data_dir), check=False)
     assert proc.returncode == 1 and "query failed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_correction_becomes_a_bad_case_with_the_injected_label(demo):
+    bad = demo[1]["bad_cases"]
+    assert bad["corrections_injected"] > 20
+    assert bad["found"] == bad["right_label"] == bad["corrections_injected"], bad
+
+
+def test_stored_fallback_rate_matches_the_injected_rate(demo):
+    rate = demo[1]["fallback_rate"]
+    assert rate["injected"] > 0
+    assert abs(rate["stored"] - rate["injected"]) <= 0.01
+
+
+def test_audit_log_of_the_demo_verifies_clean(demo):
+    data_dir, _ = demo
+    proc = run_cli("audit", "verify", "--data-dir", str(data_dir), check=False)
+    assert proc.returncode == 0 and "intact" in proc.stdout, proc.stdout + proc.stderr[-1000:]
