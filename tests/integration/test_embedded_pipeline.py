@@ -119,4 +119,4 @@ def test_stored_fallback_rate_matches_the_injected_rate(demo):
 def test_audit_log_of_the_demo_verifies_clean(demo):
     data_dir, _ = demo
     proc = run_cli("audit", "verify", "--data-dir", str(data_dir), check=False)
-    assert proc.returncode == 0 and "intact" in proc.stdout, proc.stdout + proc.stderr[-1000:]
+    assert proc.returncode == 0 and "intact" in proc.stdout + proc.stderr, proc.stdout + proc.stderr[-1000:]
