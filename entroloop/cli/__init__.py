@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "bench_collector",
     "sinks",
     "training",
+    "bench_lag",
 ]
 
 for _name in COMMAND_MODULES:
