@@ -195,7 +195,8 @@ def mean_completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example]
     model.eval()
     with torch.no_grad():
         for start in range(0, len(packed), rows_per_batch):
-            batch = packed.batch(range(start, min(start + rows_per_batch, len(packed))), torch.float32)
+            batch = packed.batch(range(start, min(start + rows_per_batch, len(packed))),
+                                 autocast_dtype or torch.float32)
             batch = {k: v.to(dev) for k, v in batch.items()}
             labels = batch.pop("labels")
             with torch.autocast(dev.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):

@@ -193,7 +193,8 @@ class LoraTrainer:
         try:
             while step < cfg.max_steps:
                 rows = [order(step, i) for i in range(cfg.batch_rows)]
-                batch = {k: v.to(dev) for k, v in packed.batch(rows, torch.float32).items()}
+                # The additive mask in the compute dtype: SDPA rejects a float32 mask with bf16 queries.
+                batch = {k: v.to(dev) for k, v in packed.batch(rows, autocast_dtype or torch.float32).items()}
                 for group in optimizer.param_groups:
                     group["lr"] = cfg.lr_at(step)
                 with torch.autocast(dev.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):

@@ -160,3 +160,19 @@ def test_job_killed_mid_training_resumes_from_checkpoint(tmp_path, tiny_base_mod
     assert status["attempts"] == 2 and status["steps_done"][0] == "dataset"
     assert actions.names("crash-key")[:2] == ["retrain.duplicate", "retrain.resumed"]
     assert status["state"] == "accepted", status["results"]["gate"]
+
+
+def test_bf16_autocast_path_trains(tmp_path, tiny_base_model):
+    """bf16 is chosen automatically only on hardware that has it; forced here so the CPU runs its path."""
+    import math
+
+    from training.dataset import Example
+    from training.trainer import LoraTrainer, TrainConfig
+
+    examples = [Example(f"alpha {i} beta", "omega seven", CORRECTION, str(i)) for i in range(8)]
+    config = TrainConfig(max_steps=6, batch_rows=2, seq_len=64, checkpoint_every=3, precision="bf16",
+                         cpu_threads=1, learning_rate=1e-2, warmup_steps=1)
+    result = LoraTrainer(tiny_base_model, config, progress=False).train(examples, tmp_path)
+    assert result.precision == "bf16" and all(math.isfinite(x) for x in result.losses)
+    assert min(result.losses[1:]) < result.losses[0]
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()

@@ -65,8 +65,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tiny_base_model, tmp_path_factory):
-    """``vllm`` OpenAI server (CPU) for the tiny model with runtime LoRA updating enabled."""
+def vllm_process(tiny_base_model, tmp_path_factory):
+    """Start the ``vllm`` OpenAI server (CPU) for the tiny model with runtime LoRA updating enabled.
+
+    Readiness is awaited by ``vllm_server``, after the adapter is trained: the server boots while
+    the test trains.
+    """
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     env = {
@@ -81,19 +85,8 @@ def vllm_server(tiny_base_model, tmp_path_factory):
            "--max-loras", "2", "--max-num-seqs", "8", "--seed", "0"]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    client = VllmLoraClient(f"http://127.0.0.1:{port}", timeout=30)
-    deadline = time.monotonic() + 300
     try:
-        while True:
-            try:
-                if MODEL in client.models():
-                    break
-            except VllmError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"vLLM server did not come up (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield client
+        yield proc, VllmLoraClient(f"http://127.0.0.1:{port}", timeout=30), log
     finally:
         proc.terminate()
         try:
@@ -101,6 +94,22 @@ def vllm_server(tiny_base_model, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_process, trained):
+    """The started server once it serves the base model."""
+    proc, client, log = vllm_process
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if MODEL in client.models():
+                return client
+        except VllmError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"vLLM server did not come up (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
+        time.sleep(1)
 
 
 @pytest.fixture(scope="module")
