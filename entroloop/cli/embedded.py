@@ -72,10 +72,16 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet (same seed, same traffic).")] = 7,
         reset: Annotated[bool, typer.Option("--reset", help="Delete the data folder first.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="End with the summary as one JSON line.")] = False,
+        broker: Annotated[
+            str | None,
+            typer.Option("--broker", "-b", help="Run through real Kafka (kafka://HOST:PORT): worker and sink processes."),
+        ] = None,
     ) -> None:
-        """Run a synthetic serving fleet through the whole embedded pipeline and summarise it.
+        """Run a synthetic serving fleet through the whole pipeline and summarise it.
 
-        Events are kept under DATA_DIR/log, so `entroloop replay` can feed them through again.
+        Embedded by default (no services; events kept under DATA_DIR/log, so `entroloop replay`
+        can feed them through again). With --broker the same fleet goes through a real Kafka
+        broker, an `entroloop worker` process and the two sink processes.
         """
         from collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
 
@@ -89,6 +95,9 @@ def register(app: typer.Typer) -> None:
                 )
                 raise typer.Exit(2)
             _wipe(path)
+        if broker:
+            _print_summary(_demo_through_kafka(settings, broker, requests, seed), as_json)
+            return
         runner = _runner(settings)
         fleet = SyntheticFleet(seed=seed)
         truth = FleetTruth()
@@ -205,6 +214,28 @@ def register(app: typer.Typer) -> None:
         current = _settings(None)
         for name, value in current.model_dump().items():
             out.print(f"ENTROLOOP_{name.upper()}={value}")
+
+
+def _demo_through_kafka(settings: Settings, broker: str, requests: int, seed: int) -> dict[str, Any]:
+    from entroloop import distributed_demo
+
+    address = broker.removeprefix("kafka://")
+    settings = settings.model_copy(update={"kafka_bootstrap": address})
+    with console.status(f"demo through Kafka at {address}") as status:
+        try:
+            summary = distributed_demo.run(settings, requests, seed, status=status.update)
+        except (RuntimeError, TimeoutError) as exc:
+            console.print(f"[red]demo through Kafka failed:[/red] {exc}")
+            raise typer.Exit(1) from None
+    summary["intent_scoring"] = intent_status(default_processors_for(settings))
+    summary["transport"] = f"kafka://{address}"
+    return summary
+
+
+def default_processors_for(settings: Settings) -> list[Any]:
+    from entroloop.runner import default_processors
+
+    return default_processors(settings)
 
 
 def _encode(record: Any) -> bytes:
