@@ -87,14 +87,43 @@ def _source(settings: Any, records: list[Path] | None):
     return BusSource(Path(settings.data_dir) / "log", settings.partitions)
 
 
+def _rollout(settings: Any, registry: Any, actions: Any):
+    """The job's last step when ENTROLOOP_VLLM_SERVERS is set: load the accepted adapter into every
+    server and run the canary. The share of each stage is recorded in ``adapter_status``, which is
+    what gateways read to route (the router here is this process's view of it)."""
+    from training.publisher import (
+        AdapterPublisher,
+        CanaryPolicy,
+        CanaryRouter,
+        ClickHouseCanaryMetrics,
+        VllmLoraClient,
+    )
+
+    def publish(adapter_id: str) -> dict[str, Any]:
+        model = registry.manifest(adapter_id).model
+        served = Path(settings.adapter_store_dir or Path(settings.data_dir) / "adapters") / "served" / adapter_id
+        registry.fetch(adapter_id, served)  # every file checked against the manifest
+        router = CanaryRouter(settings.base_model_name or model, stable=registry.promoted(model))
+        publisher = AdapterPublisher(
+            [VllmLoraClient(url) for url in settings.vllm_servers], router,
+            ClickHouseCanaryMetrics(registry.client, registry.database), CanaryPolicy.from_settings(settings),
+            actions, registry,
+        )
+        result = publisher.rollout(adapter_id, str(served.resolve()))
+        return result.to_dict()
+
+    return publish
+
+
 def _runner(settings: Any, records: list[Path] | None, dry_run: bool):
     from training.jobs import JobRunner, JobStore
     from training.pipeline import TrainingPipeline
 
     actions = _actions(settings)
     registry = None if dry_run else _registry(settings, actions)
+    publish = _rollout(settings, registry, actions) if registry is not None and settings.vllm_servers else None
     try:
-        pipeline = TrainingPipeline(settings, _source(settings, records), registry)
+        pipeline = TrainingPipeline(settings, _source(settings, records), registry, publish=publish)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
