@@ -29,8 +29,8 @@ PROJECT_STAMP="$VENV/.entroloop-ml-pyproject"
 PROJECT_HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-# pip's own HTTP cache is not filled here (the index answers with no-store), so downloads go to a
-# wheelhouse outside the clone instead; a warm run installs from it without touching the network.
+# pip's own HTTP cache stayed empty on the build machines (downloads were never reused), so
+# downloads go to a wheelhouse outside the clone; a warm run installs from it with no network.
 WHEELHOUSE="${ENTROLOOP_WHEELHOUSE:-$HOME/.cache/entroloop/wheels-ml}"
 mkdir -p "$WHEELHOUSE"
 start=$(date +%s)
