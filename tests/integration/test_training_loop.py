@@ -176,3 +176,36 @@ def test_bf16_autocast_path_trains(tmp_path, tiny_base_model):
     assert result.precision == "bf16" and all(math.isfinite(x) for x in result.losses)
     assert min(result.losses[1:]) < result.losses[0]
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+
+
+def test_resumed_training_takes_exactly_the_uninterrupted_steps(tmp_path, tiny_base_model):
+    """Data order and learning rate depend on the step only, so crash + resume = no crash."""
+    from training.dataset import Example
+    from training.trainer import LoraTrainer, TrainConfig
+
+    examples = [Example(f"{t} {i} beta", a, CORRECTION, f"{t}{i}")
+                for i in range(6) for t, a in (("alpha", "omega seven"), ("beta", "sigma two"))]
+    config = TrainConfig(max_steps=8, batch_rows=2, seq_len=32, checkpoint_every=4, precision="fp32",
+                         cpu_threads=1, learning_rate=1e-2, warmup_steps=2)
+    straight = LoraTrainer(tiny_base_model, config, progress=False).train(examples, tmp_path / "straight")
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_checkpoint(step: int, loss: float) -> None:
+        if step == 5:
+            raise Crash
+
+    with pytest.raises(Crash):
+        LoraTrainer(tiny_base_model, config, progress=False, on_step=crash_after_checkpoint).train(
+            examples, tmp_path / "crashed")
+    resumed = LoraTrainer(tiny_base_model, config, progress=False).train(examples, tmp_path / "crashed")
+    assert resumed.resumed_from_step == 4 and resumed.steps_run_now == 4
+    assert resumed.losses == pytest.approx(straight.losses, rel=1e-5, abs=1e-6)
+    a = (tmp_path / "straight" / "adapter" / "adapter_model.safetensors").read_bytes()
+    b = (tmp_path / "crashed" / "adapter" / "adapter_model.safetensors").read_bytes()
+    from safetensors.torch import load
+
+    wa, wb = load(a), load(b)
+    assert wa.keys() == wb.keys()
+    assert all(float((wa[k] - wb[k]).abs().max()) < 1e-5 for k in wa)
