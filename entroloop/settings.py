@@ -261,6 +261,36 @@ class Settings(BaseSettings):
         4096, ge=1, description="Tokens per TokenEntropy record; longer generations ship several chunks."
     )
 
+    # --- spans and the audit gateway (collectors/otel_exporter.py, collectors/gateway/) ----------
+    otel_spans_enabled: bool = Field(
+        False,
+        description="In a vLLM process, install an OpenTelemetry TracerProvider whose exporter publishes "
+        "spans as Span records (vLLM still needs `--otlp-traces-endpoint` set to trace at all).",
+    )
+    gateway_upstream: str = Field(
+        "http://127.0.0.1:8000",
+        description="Base URL of the OpenAI-compatible engine behind `entroloop gateway`.",
+    )
+    gateway_engine: str = Field(
+        "auto",
+        description="Upstream engine kind: `vllm` (entropy from the tap, ids via `vllm_xargs`), `openai` "
+        "(any other OpenAI-compatible engine: approximate entropy from top-20 logprobs) or `auto` "
+        "(ask the upstream's /version once).",
+    )
+    gateway_host: str = Field("127.0.0.1", description="Address `entroloop gateway` listens on.")
+    gateway_port: int = Field(8080, ge=1, le=65535, description="Port `entroloop gateway` listens on.")
+    gateway_route: str = Field("default", description="Route name the gateway stamps on its records.")
+    gateway_engine_version: str = Field(
+        "", description="Engine version for Audit records when the upstream has no /version endpoint."
+    )
+    gateway_tokenizer_digest: str = Field(
+        "", description="Tokenizer digest for Audit records (e.g. sha256 of tokenizer.json of the served model)."
+    )
+    gateway_top_logprobs: int = Field(
+        20, ge=1, le=20, description="top_logprobs the gateway asks a non-vLLM engine for (approximate entropy)."
+    )
+    gateway_timeout_s: float = Field(600.0, gt=0, description="Upstream request timeout of the gateway.")
+
     # --- Kafka publisher and Faust worker (collectors/publisher.py, streams/app.py) --------------
     publisher_spool_dir: Path | None = Field(
         None,
