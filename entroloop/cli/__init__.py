@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "sinks",
     "training",
     "bench_lag",
+    "gateway",
 ]
 
 for _name in COMMAND_MODULES:

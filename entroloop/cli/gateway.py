@@ -1,0 +1,54 @@
+"""`entroloop gateway`: the audit gateway (an OpenAI-compatible proxy) in front of an engine.
+
+Settings come from ``ENTROLOOP_*`` (``ENTROLOOP_GATEWAY_*`` and the publisher's); options override
+them. Records go to Kafka through the node publisher, or to a frame file in ``ENTROLOOP_DATA_DIR``
+when no ``ENTROLOOP_KAFKA_BOOTSTRAP`` is set. Needs the ``gateway`` extra.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+
+
+def gateway(
+    upstream: Annotated[str | None, typer.Option(help="Engine base URL (default ENTROLOOP_GATEWAY_UPSTREAM).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (default ENTROLOOP_GATEWAY_PORT).")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on (default ENTROLOOP_GATEWAY_HOST).")] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="vllm, openai or auto (default ENTROLOOP_GATEWAY_ENGINE).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the OpenAI API, forward it to UPSTREAM, publish PII-redacted Audit records and Spans."""
+    from entroloop.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    if engine is not None and engine not in ("vllm", "openai", "auto"):
+        console.print(f"[red]--engine {engine!r}: expected vllm, openai or auto[/red]")
+        raise typer.Exit(2)
+    try:
+        import uvicorn
+
+        from collectors.gateway.app import app_from_settings
+    except ImportError as exc:
+        console.print(f"[red]{exc}: install the gateway extra: pip install 'entroloop[gateway]'[/red]")
+        raise typer.Exit(2) from None
+
+    app = app_from_settings(settings, upstream=upstream, engine=engine)
+    listen_host = host or settings.gateway_host
+    listen_port = port or settings.gateway_port
+    console.print(f"entroloop gateway on http://{listen_host}:{listen_port} -> {app.state.gateway.config.upstream}")
+    uvicorn.run(app, host=listen_host, port=listen_port, log_level=log_level)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gateway")(gateway)
