@@ -78,13 +78,29 @@ def _scalar_attributes(attributes: Mapping[str, Any]) -> dict[str, str | int | f
     return out
 
 
+# vLLM's OpenAI server names a request ``cmpl-<X-Request-Id>`` / ``chatcmpl-<X-Request-Id>``.
+_VLLM_ID_PREFIXES = ("chatcmpl-", "cmpl-")
+
+
+def request_id_of(attributes: Mapping[str, Any], fallback: str) -> str:
+    """entroloop's request id: set explicitly, else vLLM's id without its endpoint prefix."""
+    explicit = attributes.get(ATTR_ENTROLOOP_REQUEST_ID)
+    if explicit:
+        return str(explicit)
+    vllm_id = str(attributes.get(ATTR_REQUEST_ID) or "")
+    for prefix in _VLLM_ID_PREFIXES:
+        if vllm_id.startswith(prefix):
+            return vllm_id[len(prefix) :]
+    return vllm_id or fallback
+
+
 def span_to_record(span: ReadableSpan, stamp: dict[str, object], default_route: str = "default") -> Span:
     """One finished OTel span as a Span record (timings in seconds; ids as lowercase hex)."""
     context = span.get_span_context()
     attributes: Mapping[str, Any] = span.attributes or {}
     span_id = format(context.span_id, "016x")
     model = next((str(attributes[a]) for a in ATTR_MODELS if attributes.get(a)), "")
-    request_id = str(attributes.get(ATTR_ENTROLOOP_REQUEST_ID) or attributes.get(ATTR_REQUEST_ID) or span_id)
+    request_id = request_id_of(attributes, span_id)
     completion = _int(attributes, ATTR_COMPLETION_TOKENS)
     decode = _float(attributes, ATTR_DECODE)
     # TPOT as vLLM defines it: decode time spread over the tokens after the first.

@@ -212,6 +212,10 @@ class Gateway:
         exchange.model, exchange.adapter = await self.base_and_adapter(str(body.get("model", "")))
         upstream_headers = self._upstream_headers(request)
         tracecontext.inject(upstream_headers, trace, exchange.span_id)
+        # vLLM names the request after X-Request-Id (prefixed cmpl-/chatcmpl-), so its own span
+        # (gen_ai.request.id) carries the gateway's request id too.
+        upstream_headers = {k: v for k, v in upstream_headers.items() if k.lower() != HEADER_REQUEST_ID}
+        upstream_headers["X-Request-Id"] = exchange.request_id
         upstream_body, client_logprobs = self._upstream_body(exchange)
         if body.get("stream"):
             return await self._stream(exchange, upstream_body, upstream_headers)

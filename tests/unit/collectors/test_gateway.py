@@ -112,6 +112,7 @@ def test_openai_engine_chat_audit_span_and_approximate_entropy() -> None:
     assert audit.request_id == span.request_id == tokens.request_id
     assert span.parent_span_id == CLIENT_PARENT
     assert sent_headers["traceparent"] == f"00-{TRACE_ID}-{span.span_id}-01"
+    assert sent_headers["x-request-id"] == "req-gw-1"
     assert (span.status, span.model, span.prompt_tokens, span.output_tokens) == ("ok", "base-m", 9, 2)
     assert span.e2e_s is not None and 0 <= span.e2e_s < 10
     assert span.attributes["http.status_code"] == 200
@@ -140,6 +141,7 @@ def test_completions_endpoint_with_openai_engine() -> None:
         answer = client.post("/v1/completions", json=body, headers={"X-User-Id": "bob"})
         direct = httpx.post(f"{upstream.url}/v1/completions", json=body)
         assert upstream.received[0][1]["logprobs"] == 20
+        generated_request_id = upstream.received[0][2]["x-request-id"]
     assert answer.json() == direct.json()
     records = _by_type(published)
     (audit,) = records[Audit]
@@ -148,6 +150,7 @@ def test_completions_endpoint_with_openai_engine() -> None:
     assert audit.user_id == PiiRedactor(KEY).pseudonymise_user("bob")
     assert len(audit.trace_id) == 32 and audit.trace_id == records[Span][0].trace_id == records[TokenEntropy][0].trace_id
     assert records[Span][0].parent_span_id == ""  # no traceparent: the gateway started the trace
+    assert audit.request_id == generated_request_id and len(generated_request_id) == 36  # a UUIDv7
     np.testing.assert_allclose(records[TokenEntropy][0].values(), EXPECTED_ENTROPIES, atol=1e-3)
 
 

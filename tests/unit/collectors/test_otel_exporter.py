@@ -48,7 +48,7 @@ def test_vllm_request_span_becomes_a_span_record_with_timings(sink_and_tracer) -
             "gen_ai.usage.prompt_tokens": 12,
             "gen_ai.usage.completion_tokens": 10,
             "gen_ai.response.model": "llama-3-8b",
-            "gen_ai.request.id": "req-42",
+            "gen_ai.request.id": "cmpl-req-42",  # vLLM: cmpl-<X-Request-Id>
             "gen_ai.request.temperature": 0.7,
         },
     )
@@ -61,6 +61,7 @@ def test_vllm_request_span_becomes_a_span_record_with_timings(sink_and_tracer) -
     assert record.parent_span_id == "00f067aa0ba902b7"
     assert len(record.span_id) == 16 and record.span_id == format(span.get_span_context().span_id, "016x")
     assert record.request_id == "req-42"
+    assert record.attributes["gen_ai.request.id"] == "cmpl-req-42"  # vLLM's own id kept
     assert record.name == "llm_request"
     assert record.model == "llama-3-8b"
     assert record.node_id == "gpu-7"
