@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
