@@ -268,7 +268,8 @@ class KafkaSinkConsumer:
 
     def run(self, until_empty: bool = False, max_idle_s: float | None = None, poll_s: float = 0.2) -> SinkStats:
         """Consume until ``stop()``, or until every assigned partition is drained (``until_empty``),
-        or until nothing arrived for ``max_idle_s``; then flush, commit and close."""
+        or until ``max_idle_s`` passed with nothing arriving, nothing paused and nothing buffered;
+        then flush, commit and close."""
         kafka_topics = [self.prefix + t for t in self.topics]
         self.consumer.subscribe(kafka_topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
@@ -277,7 +278,9 @@ class KafkaSinkConsumer:
         try:
             while not self._stop.is_set():
                 messages = self.consumer.consume(num_messages=10_000, timeout=poll_s)
-                if self._take(messages):
+                # idle means nothing to do: paused partitions and unwritten rows are work waiting
+                busy = any(st.paused or st.batcher.buffered_rows for st in self._states.values())
+                if self._take(messages) or busy:
                     last_message = time.monotonic()
                 self._flush(force=False)
                 self._resume_drained()

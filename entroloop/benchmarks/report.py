@@ -81,7 +81,7 @@ def write_benchmarks(figures: list[Figure], path: Path = Path("BENCHMARKS.md")) 
         "",
     ]
     for section in sorted(k for k in stored if not k.startswith("_")):
-        lines += [f"## {section}", "", HOW_TO.get(section, ""), ""]
+        lines += [f"## {section}", "", HOW_TO.get(section.lower(), ""), ""]
         lines += ["| figure | measured | unit | target | met | baseline / note |", "|---|---|---|---|---|---|"]
         for f in (Figure(**d) for d in stored[section]):
             met = "" if f.met is None else ("yes" if f.met else "**no**")
