@@ -1,7 +1,7 @@
 """Migrations (fresh and upgrade), per-minute rollups equal to raw queries, idempotent redelivery.
 
-All against real ClickHouse SQL in chDB. chDB holds one data folder per process, so the module
-shares one folder and each test works in a database of its own.
+All against real ClickHouse SQL in chDB. chDB holds one data folder per process, so the tests
+share the session's folder and each works in a database of its own.
 """
 
 from __future__ import annotations
@@ -9,12 +9,10 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from entroloop.topics import TOPIC_BY_NAME
-from sinks.clickhouse.client import connect
 from sinks.clickhouse.schema import MigrationError, Migration, applied_migrations, available_migrations, migrate
 from sinks.clickhouse.writer import ClickHouseSink
 from tests.unit.sinks.sink_records import sample_records
@@ -26,10 +24,9 @@ ROLLUP_TABLES = (
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    c = connect(f"chdb://{tmp_path_factory.mktemp('chdb')}")
-    yield c
-    c.close()
+def client(chdb_client: object) -> object:
+    """The session's chDB (one folder per process; see tests/conftest.py)."""
+    return chdb_client
 
 
 @pytest.fixture

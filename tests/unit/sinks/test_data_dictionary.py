@@ -4,12 +4,10 @@ table and column of the schema is documented."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sinks.clickhouse.client import connect
 from sinks.clickhouse.writer import ClickHouseSink
 from tests.unit.sinks.sink_records import sample_records
 
@@ -28,13 +26,14 @@ def _sections() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    c = connect(f"chdb://{tmp_path_factory.mktemp('chdb-dictionary')}")
-    sink = ClickHouseSink(c, "entroloop")  # the database name the documented queries use
+def client(chdb_client: object) -> object:
+    """The session's chDB (one folder per process), with sample data in the database the documented
+    queries name; no other test uses that database in the session folder."""
+    chdb_client.command("DROP DATABASE IF EXISTS entroloop SYNC")
+    sink = ClickHouseSink(chdb_client, "entroloop")
     for topic, records in sample_records(300, seed=41).items():
         sink.write(topic, 0, 0, len(records) - 1, records)
-    yield c
-    c.close()
+    return chdb_client
 
 
 def test_the_dictionary_has_example_queries():
