@@ -78,19 +78,21 @@ def _scalar_attributes(attributes: Mapping[str, Any]) -> dict[str, str | int | f
     return out
 
 
-# vLLM's OpenAI server names a request ``cmpl-<X-Request-Id>`` / ``chatcmpl-<X-Request-Id>``.
-_VLLM_ID_PREFIXES = ("chatcmpl-", "cmpl-")
-
-
 def request_id_of(attributes: Mapping[str, Any], fallback: str) -> str:
-    """entroloop's request id: set explicitly, else vLLM's id without its endpoint prefix."""
+    """entroloop's request id: set explicitly, else recovered from vLLM's id, else ``fallback``.
+
+    vLLM's OpenAI server names a chat request ``chatcmpl-<X-Request-Id>`` and each prompt ``i`` of
+    a completion request ``cmpl-<X-Request-Id>-<i>`` (always, so the last ``-<i>`` is vLLM's).
+    """
     explicit = attributes.get(ATTR_ENTROLOOP_REQUEST_ID)
     if explicit:
         return str(explicit)
     vllm_id = str(attributes.get(ATTR_REQUEST_ID) or "")
-    for prefix in _VLLM_ID_PREFIXES:
-        if vllm_id.startswith(prefix):
-            return vllm_id[len(prefix) :]
+    if vllm_id.startswith("chatcmpl-"):
+        return vllm_id[len("chatcmpl-") :]
+    if vllm_id.startswith("cmpl-"):
+        base, dash, index = vllm_id[len("cmpl-") :].rpartition("-")
+        return base if dash and index.isdigit() else vllm_id[len("cmpl-") :]
     return vllm_id or fallback
 
 

@@ -121,7 +121,13 @@ class Gateway:
         self.publish = publish
         self.redactor = redactor
         self.stamper = NodeStamper(config.node_id)
-        self.client = httpx.AsyncClient(base_url=config.upstream.rstrip("/"), timeout=config.timeout_s, transport=transport)
+        # identity: streamed bytes are relayed raw, so the engine must not compress them
+        self.client = httpx.AsyncClient(
+            base_url=config.upstream.rstrip("/"),
+            timeout=config.timeout_s,
+            transport=transport,
+            headers={"Accept-Encoding": "identity"},
+        )
         self._engine = None if config.engine == "auto" else config.engine
         self._engine_version = config.engine_version
         self._tokenizer_digest = config.tokenizer_digest

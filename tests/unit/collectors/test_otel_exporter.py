@@ -48,7 +48,7 @@ def test_vllm_request_span_becomes_a_span_record_with_timings(sink_and_tracer) -
             "gen_ai.usage.prompt_tokens": 12,
             "gen_ai.usage.completion_tokens": 10,
             "gen_ai.response.model": "llama-3-8b",
-            "gen_ai.request.id": "cmpl-req-42",  # vLLM: cmpl-<X-Request-Id>
+            "gen_ai.request.id": "cmpl-req-42-0",  # vLLM: cmpl-<X-Request-Id>-<prompt index>
             "gen_ai.request.temperature": 0.7,
         },
     )
@@ -61,7 +61,7 @@ def test_vllm_request_span_becomes_a_span_record_with_timings(sink_and_tracer) -
     assert record.parent_span_id == "00f067aa0ba902b7"
     assert len(record.span_id) == 16 and record.span_id == format(span.get_span_context().span_id, "016x")
     assert record.request_id == "req-42"
-    assert record.attributes["gen_ai.request.id"] == "cmpl-req-42"  # vLLM's own id kept
+    assert record.attributes["gen_ai.request.id"] == "cmpl-req-42-0"  # vLLM's own id kept
     assert record.name == "llm_request"
     assert record.model == "llama-3-8b"
     assert record.node_id == "gpu-7"
@@ -110,6 +110,17 @@ def test_export_never_raises_when_the_sink_fails() -> None:
     tracer.start_span("a").end()  # must not raise into the application
     tracer.start_span("b").end()
     assert exporter.errors == 2 and exporter.exported == 0
+
+
+def test_request_id_recovered_from_vllm_ids() -> None:
+    from collectors.otel_exporter import request_id_of
+
+    uuid_like = "01a2269f-7704-7bac-a421-ca0953e30012"  # ends in digits: only vLLM's index goes
+    assert request_id_of({"gen_ai.request.id": f"cmpl-{uuid_like}-3"}, "f") == uuid_like
+    assert request_id_of({"gen_ai.request.id": f"chatcmpl-{uuid_like}"}, "f") == uuid_like
+    assert request_id_of({"gen_ai.request.id": "other-7"}, "f") == "other-7"
+    assert request_id_of({"entroloop.request_id": "mine", "gen_ai.request.id": "cmpl-x-0"}, "f") == "mine"
+    assert request_id_of({}, "f") == "f"
 
 
 def test_traceparent_round_trip_and_invalid_headers() -> None:
