@@ -74,19 +74,30 @@ def make_s3_client(endpoint: str = "", region: str = "us-east-1", access_key: st
     return boto3.client("s3", **kwargs)
 
 
-def ensure_bucket(client: Any, bucket: str) -> bool:
+_STARTING = ("503", "ServiceUnavailable", "SlowDown", "XMinioServerNotInitialized")
+
+
+def ensure_bucket(client: Any, bucket: str, wait_s: float = 60.0) -> bool:
     """Create ``bucket`` with Object Lock enabled unless it exists; True if created now.
 
     Object Lock can only be chosen when a bucket is created (it also turns on versioning), so an
-    existing bucket without it is an error, not something to fix silently.
+    existing bucket without it is an error, not something to fix silently. A server still starting
+    up is waited for up to ``wait_s``.
     """
-    try:
-        client.head_bucket(Bucket=bucket)
-    except Exception as exc:
-        if _error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
-            raise
-        client.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
-        return True
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            client.head_bucket(Bucket=bucket)
+            break
+        except Exception as exc:
+            code = _error_code(exc)
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                client.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+                return True
+            # a server that is still starting answers 503 (MinIO: "server not initialized")
+            if code not in _STARTING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     config = client.get_object_lock_configuration(Bucket=bucket).get("ObjectLockConfiguration", {})
     if config.get("ObjectLockEnabled") != "Enabled":
         raise RuntimeError(f"bucket {bucket} exists without Object Lock; audit objects need a bucket created with it")
