@@ -56,6 +56,7 @@ def default_processors(settings: Settings, with_intent: bool | None = None) -> l
             loop_min_run=settings.loop_min_run,
             gibberish_threshold=settings.gibberish_threshold_nats,
             gibberish_min_run=settings.gibberish_min_run,
+            incomplete_ttl_s=settings.incomplete_request_ttl_s,
         ),
         EntropyBaselineDetector.from_settings(settings),
         BadCaseJoiner.from_settings(settings),

@@ -62,6 +62,10 @@ class Settings(BaseSettings):
         4.5, gt=0, description="Gibberish: tokens above this entropy (nats) ..."
     )
     gibberish_min_run: int = Field(5, ge=1, description="... for at least this many consecutive tokens.")
+    incomplete_request_ttl_s: float = Field(
+        600.0, gt=0, description="A request whose final entropy chunk has not arrived this long (event "
+        "time) after its last chunk becomes a dead letter with the reason."
+    )
 
     # --- stream analytics (streams/: baselines, intent, bad cases, fallbacks, retrain) ----------
     baseline_quantile_low: float = Field(

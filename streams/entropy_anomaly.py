@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from entroloop.records import Alert, Event, TokenEntropy
+from entroloop.codec import encode
+from entroloop.records import Alert, DeadLetter, Event, TokenEntropy
+from entroloop.topics import partition_for
 from streams.base import Processor, derive
 
 LOOP = "repetition_loop"
@@ -56,6 +58,7 @@ class EntropyAnomalyDetector(Processor):
         loop_min_run: int = 5,
         gibberish_threshold: float = 4.5,
         gibberish_min_run: int = 5,
+        incomplete_ttl_s: float = 600.0,
     ) -> None:
         self.rules = (
             RunRule(LOOP, loop_threshold, loop_min_run, below=True),
@@ -63,6 +66,10 @@ class EntropyAnomalyDetector(Processor):
         )
         # (request_id, rule name) -> run open at the end of the previous chunk
         self._open: dict[tuple[str, str], _OpenRun] = {}
+        # request_id -> its latest non-final chunk: a request whose final chunk never comes
+        # becomes a dead letter once event time is incomplete_ttl_s past that chunk
+        self.incomplete_ttl_s = incomplete_ttl_s
+        self._unfinished: dict[str, TokenEntropy] = {}
 
     def process(self, record: Event) -> list[Event]:
         return self.process_batch([record])
@@ -89,6 +96,10 @@ class EntropyAnomalyDetector(Processor):
                 )
         alerts: list[Event] = []
         for record, runs in zip(records, per_record):
+            if record.final:  # type: ignore[attr-defined]
+                self._unfinished.pop(record.request_id, None)
+            else:
+                self._unfinished[record.request_id] = record  # type: ignore[assignment]
             found: list[Event] = []
             for rule in self.rules:
                 for start, end, total in self._close_runs(record, rule, runs.get(rule.name, [])):
@@ -140,6 +151,29 @@ class EntropyAnomalyDetector(Processor):
         if carried is not None:  # the carried run ended exactly at the previous chunk boundary
             closed.insert(0, (carried.start, carried.start + carried.length, carried.total))
         return closed
+
+    def on_watermark(self, event_time: float) -> list[Event]:
+        """Requests whose final chunk has not come within the TTL: a dead letter each, state dropped."""
+        expired = [r for r in self._unfinished.values() if r.emitted_at + self.incomplete_ttl_s < event_time]
+        out: list[Event] = []
+        for last in expired:
+            del self._unfinished[last.request_id]
+            for rule in self.rules:
+                self._open.pop((last.request_id, rule.name), None)
+            payload = encode(last)
+            out.append(derive(
+                last, DeadLetter, 0, f"{self.name}.incomplete",
+                source_topic=TokenEntropy.topic,
+                source_partition=partition_for(last.request_id),
+                source_offset=0,
+                reason=f"request {last.request_id} never completed: chunk {last.chunk_index} "
+                f"(tokens {last.first_token_index}..{last.first_token_index + last.n_tokens}) was the last, "
+                f"no final chunk within {self.incomplete_ttl_s:.0f} s (source offset unknown to the processor)",
+                error_type="incomplete_request",
+                payload=payload[:4096],
+                payload_size=len(payload),
+            ))
+        return out
 
     def _alert(self, record: TokenEntropy, rule: RunRule, start: int, end: int, mean: float, index: int) -> Alert:
         return derive(

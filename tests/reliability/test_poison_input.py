@@ -3,8 +3,8 @@ every valid record before and after it is stored exactly once (the stream keeps 
 
 Poison kinds: truncated bytes, a future schema version, a record above the size limit, invalid
 UTF-8 in a string field, NaN and Inf in a packed entropy array. A request id that never completes
-(a first chunk whose final chunk never comes) is *not* poison: its record is valid and stored, and
-the processor that waits for the rest drops the partial state after its TTL (checked in-process).
+(a first chunk whose final chunk never comes) is not poison: its record is valid and stored; the
+processor waiting for the rest turns it into a dead letter (`incomplete_request`) after its TTL.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from entroloop import codec
 from entroloop.kafka_topics import ensure_topics
 from entroloop.records import TokenEntropy, pack_entropies
 from entroloop.topics import partition_for
-from streams.entropy_baseline import EntropyBaselineDetector
+from streams.entropy_anomaly import EntropyAnomalyDetector
 from tests.reliability.harness import (
     Figures,
     all_identities,
@@ -115,12 +115,14 @@ def test_poison_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
     sent = [identity(r) for r in before + [unfinished] + after]
     unique, twice, lost = check_exactly_once(sent, stored, "clickhouse")
 
-    # The processor waiting for the unfinished request forgets it after its TTL (event time).
-    detector = EntropyBaselineDetector(partial_ttl_s=600)
+    # The unfinished request: once event time passes the TTL, the processor waiting for its final
+    # chunk reports it as a dead letter with the reason (checked in-process: no worker runs here).
+    detector = EntropyAnomalyDetector(incomplete_ttl_s=600)
     detector.process(unfinished)
-    assert "req-never-completes" in detector.state.partial
-    detector.on_watermark(unfinished.emitted_at + 601)
-    assert "req-never-completes" not in detector.state.partial
+    assert detector.on_watermark(unfinished.emitted_at + 599) == []
+    letters = detector.on_watermark(unfinished.emitted_at + 601)
+    assert [(d.request_id, d.error_type) for d in letters] == [("req-never-completes", "incomplete_request")]
+    assert "never completed" in letters[0].reason
 
     report(Figures(
         "poison input (6 kinds) between valid traffic",
@@ -129,6 +131,6 @@ def test_poison_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
         lost=lost,
         recovery_s=drained_s,
         note="recovery_s = sink start to drained; " + ", ".join(f"{n}: {found[n][0]}" for n in poisons)
-        + "; unfinished request stored, its partial state expired after the TTL",
+        + "; unfinished request stored, then a dead letter (incomplete_request) after the TTL",
     ))
     assert lost == 0 and twice == 0

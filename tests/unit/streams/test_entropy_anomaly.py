@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entroloop.ids import NodeStamper
-from entroloop.records import Alert, TokenEntropy, pack_entropies
+from entroloop.codec import decode
+from entroloop.records import Alert, DeadLetter, TokenEntropy, pack_entropies
 from streams.entropy_anomaly import EntropyAnomalyDetector
 
 stamper = NodeStamper("node-t")
@@ -111,3 +112,19 @@ def test_alerts_carry_span_rule_baseline_and_deterministic_ids():
     assert alert.source_event_id == record.event_id and alert.request_id == "r1"
     assert alert.baseline.startswith("static:") and alert.threshold == 1.5
     assert abs(alert.value - 0.4) < 1e-2
+
+
+def test_request_that_never_completes_becomes_a_dead_letter_after_the_ttl():
+    detector = EntropyAnomalyDetector(incomplete_ttl_s=60)
+    chunk = tokens([NORMAL] * 4 + [0.3] * 3, request_id="stuck", chunk_index=0, final=False)
+    done = tokens([NORMAL] * 4, request_id="fine", chunk_index=0, final=False)
+    detector.process_batch([chunk, done])
+    detector.process(tokens([NORMAL] * 4, request_id="fine", chunk_index=1, first_token_index=4))
+    assert detector.on_watermark(chunk.emitted_at + 59) == []  # within the TTL: still waiting
+    letters = detector.on_watermark(chunk.emitted_at + 61)
+    assert [d.request_id for d in letters] == ["stuck"]
+    letter = letters[0]
+    assert isinstance(letter, DeadLetter) and letter.error_type == "incomplete_request"
+    assert "never completed" in letter.reason and letter.source_topic == TokenEntropy.topic
+    assert decode(letter.payload) == chunk
+    assert detector.on_watermark(chunk.emitted_at + 1000) == []  # reported once, state dropped
