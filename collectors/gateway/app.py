@@ -13,9 +13,9 @@ For ``POST /v1/chat/completions`` and ``POST /v1/completions`` it
    PII from prompt and response and publishes an Audit record, a request Span and (non-vLLM) the
    approximate TokenEntropy.
 
-Every other path is forwarded unchanged. Streaming (``"stream": true``) is passed through byte for
-byte while the deltas are collected for the audit; streamed answers from non-vLLM engines carry no
-approximate entropy (the logprobs would have to be cut out of every chunk).
+Every other path is forwarded unchanged. Streaming (``"stream": true``) is relayed as it comes while
+the deltas are collected for the audit: byte for byte from vLLM; from other engines each event
+carrying logprobs the client did not ask for is re-serialised without them.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class Gateway:
         upstream_headers["X-Request-Id"] = exchange.request_id
         upstream_body, client_logprobs = self._upstream_body(exchange)
         if body.get("stream"):
-            return await self._stream(exchange, upstream_body, upstream_headers)
+            return await self._stream(exchange, upstream_body, upstream_headers, client_logprobs)
 
         try:
             answer = await self.client.post(exchange.path, json=upstream_body, headers=upstream_headers)
@@ -260,8 +260,6 @@ class Gateway:
             xargs = dict(body.get("vllm_xargs") or {})
             xargs.update(entroloop_request_id=exchange.request_id, entroloop_trace_id=exchange.trace.trace_id)
             return {**body, "vllm_xargs": xargs}, None
-        if body.get("stream"):
-            return body, None
         k = self.config.top_logprobs
         if exchange.path.endswith("chat/completions"):
             asked = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
@@ -270,27 +268,46 @@ class Gateway:
         asked = int(asked) if isinstance(asked, int) and not isinstance(asked, bool) else None
         return {**body, "logprobs": max(k, asked or 0)}, asked
 
-    async def _stream(self, exchange: _Exchange, upstream_body: dict[str, Any], headers: dict[str, str]) -> Response:
-        """Pass the SSE stream through unchanged, collecting the deltas for the audit."""
-        upstream = self.client.build_request("POST", exchange.path, json=upstream_body, headers=headers)
+    async def _stream(
+        self, exchange: _Exchange, upstream_body: dict[str, Any], headers: dict[str, str], client_logprobs: int | None
+    ) -> Response:
+        """Relay the SSE stream, collecting the deltas for the audit.
+
+        vLLM's stream goes through byte for byte. From another engine the logprobs the gateway
+        added are taken out of each event (re-serialised) after their entropies are read.
+        """
+        injected = upstream_body is not exchange.body and exchange.engine != "vllm"
         try:
-            answer = await self.client.send(upstream, stream=True)
+            answer = await self.client.send(
+                self.client.build_request("POST", exchange.path, json=upstream_body, headers=headers), stream=True
+            )
+            if answer.status_code == 400 and injected:
+                await answer.aclose()  # refused what we added: serve the client's own request
+                injected, client_logprobs = False, None
+                answer = await self.client.send(
+                    self.client.build_request("POST", exchange.path, json=exchange.body, headers=headers), stream=True
+                )
         except httpx.HTTPError as exc:
             exchange.end, exchange.status_code = time.time(), 502
             return JSONResponse({"error": {"message": f"upstream unreachable: {exc}", "type": "gateway"}}, 502,
                                 background=BackgroundTask(self._record, exchange))
         exchange.status_code = answer.status_code
-        collector = _StreamCollector(exchange)
+        collector = _StreamCollector(exchange, rewrite=injected and answer.status_code == 200, asked=client_logprobs)
 
         async def relay() -> AsyncIterator[bytes]:
             try:
                 async for chunk in answer.aiter_raw():
-                    collector.feed(chunk)
-                    yield chunk
+                    out = collector.feed(chunk)
+                    if out:
+                        yield out
+                rest = collector.flush()
+                if rest:
+                    yield rest
             finally:
                 await answer.aclose()
                 exchange.end = time.time()
                 exchange.response = collector.as_response()
+                exchange.entropies = collector.entropies
 
         media = answer.headers.get("content-type", "text/event-stream")
         return StreamingResponse(relay(), answer.status_code, media_type=media, background=BackgroundTask(self._record, exchange))
@@ -384,34 +401,57 @@ class Gateway:
 class _StreamCollector:
     """Collects an SSE completion stream's text deltas and usage into a non-streaming-shaped answer."""
 
-    def __init__(self, exchange: _Exchange) -> None:
+    def __init__(self, exchange: _Exchange, rewrite: bool = False, asked: int | None = None) -> None:
         self.exchange = exchange
+        self.rewrite = rewrite  # take the gateway's logprobs out of each event (non-vLLM engines)
+        self.asked = asked
+        self.entropies: list[float] = []
         self._buffer = b""
         self._texts: dict[int, list[str]] = {}
         self._usage: dict[str, Any] = {}
         self._chat = exchange.path.endswith("chat/completions")
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes) -> bytes:
+        """Read complete lines; returns the bytes to send on (``chunk`` itself unless rewriting)."""
         self._buffer += chunk
+        out: list[bytes] = []
         while b"\n" in self._buffer:
             line, self._buffer = self._buffer.split(b"\n", 1)
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                continue
-            try:
-                event = json.loads(payload)
-            except ValueError:
-                continue
-            self._usage = event.get("usage") or self._usage
-            for choice in event.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content") if self._chat else choice.get("text")
-                if text:
-                    if self.exchange.ttft_s is None:
-                        self.exchange.ttft_s = time.time() - self.exchange.start
-                    self._texts.setdefault(int(choice.get("index", 0)), []).append(text)
+            out.append(self._line(line) + b"\n")
+        return b"".join(out) if self.rewrite else chunk
+
+    def flush(self) -> bytes:
+        """What is left after the last newline (normally nothing)."""
+        rest, self._buffer = self._buffer, b""
+        return self._line(rest) if self.rewrite and rest else b""
+
+    def _line(self, line: bytes) -> bytes:
+        stripped = line.strip()
+        if not stripped.startswith(b"data:"):
+            return line
+        payload = stripped[5:].strip()
+        if payload == b"[DONE]":
+            return line
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return line
+        if not isinstance(event, dict):
+            return line
+        self._usage = event.get("usage") or self._usage
+        for choice in event.get("choices") or []:
+            text = (choice.get("delta") or {}).get("content") if self._chat else choice.get("text")
+            if text:
+                if self.exchange.ttft_s is None:
+                    self.exchange.ttft_s = time.time() - self.exchange.start
+                self._texts.setdefault(int(choice.get("index", 0)), []).append(text)
+        if not self.rewrite:
+            return line
+        first = [c for c in event.get("choices") or [] if int(c.get("index", 0)) == 0]
+        if first:
+            self.entropies += _approximate_entropies(self.exchange.path, {"choices": first})
+        _restore_client_logprobs(self.exchange.path, event, self.asked)
+        return b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
 
     def as_response(self) -> dict[str, Any]:
         choices = []

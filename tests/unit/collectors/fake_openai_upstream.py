@@ -36,6 +36,18 @@ def _reply(body: dict[str, Any], chat: bool) -> str:
     return f"Hello there, {last}"
 
 
+def _token_logprobs(body: dict[str, Any], i: int) -> dict[str, Any]:
+    """Chat logprobs entry of generated token ``i`` with as many top logprobs as the body asks."""
+    k = int(body.get("top_logprobs") or 0)
+    tok = TOKENS[i]
+    return {
+        "token": tok,
+        "logprob": TOP[i][0][1],
+        "bytes": list(tok.encode()),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in TOP[i][:k]],
+    }
+
+
 class FakeUpstream:
     def __init__(self, vllm: bool = False) -> None:
         self.vllm = vllm
@@ -85,21 +97,8 @@ class FakeUpstream:
         self.received.append(("/v1/chat/completions", body, dict(request.headers)))
         text = _reply(body, chat=True)
         if body.get("stream"):
-            return StreamingResponse(self._chat_stream(text), media_type="text/event-stream")
-        k = int(body.get("top_logprobs") or 0)
-        logprobs = None
-        if body.get("logprobs"):
-            logprobs = {
-                "content": [
-                    {
-                        "token": tok,
-                        "logprob": TOP[i][0][1],
-                        "bytes": list(tok.encode()),
-                        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in TOP[i][:k]],
-                    }
-                    for i, tok in enumerate(TOKENS)
-                ]
-            }
+            return StreamingResponse(self._chat_stream(body, text), media_type="text/event-stream")
+        logprobs = {"content": [_token_logprobs(body, i) for i in range(len(TOKENS))]} if body.get("logprobs") else None
         return JSONResponse(
             {
                 "id": "chatcmpl-1",
@@ -113,9 +112,12 @@ class FakeUpstream:
             }
         )
 
-    async def _chat_stream(self, text: str):
-        for piece in (text[:5], text[5:]):
-            chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": piece}}]}
+    async def _chat_stream(self, body: dict[str, Any], text: str):
+        # one event per generated token ("Hello", then the rest), with its logprobs when asked
+        for i, piece in enumerate((text[:5], text[5:])):
+            logprobs = {"content": [_token_logprobs(body, i)]} if body.get("logprobs") else None
+            choice = {"index": 0, "delta": {"content": piece}, "logprobs": logprobs, "finish_reason": None}
+            chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [choice]}
             yield f"data: {json.dumps(chunk)}\n\n".encode()
         yield b"data: [DONE]\n\n"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import httpx
@@ -188,6 +189,29 @@ def test_streaming_passes_through_and_is_audited() -> None:
     assert audit.sampling["stream"] is True
     (span,) = records[Span]
     assert span.ttft_s is not None and span.status == "ok"
+
+
+def _events(stream: bytes) -> list:
+    return [json.loads(line[5:]) for line in stream.split(b"\n") if line.startswith(b"data: {")]
+
+
+def test_streaming_from_openai_engine_strips_logprobs_and_ships_approximate_entropy() -> None:
+    published: list = []
+    body = {**CHAT, "stream": True}
+    with FakeUpstream() as upstream, _gateway(upstream, published) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body, headers=HEADERS) as answer:
+            streamed = b"".join(answer.iter_raw())
+        direct = httpx.post(f"{upstream.url}/v1/chat/completions", json=body).content
+        assert upstream.received[0][1]["logprobs"] is True and upstream.received[0][1]["top_logprobs"] == 20
+    assert _events(streamed) == _events(direct)  # what the engine would have streamed to the client
+    assert all(e["choices"][0]["logprobs"] is None for e in _events(streamed))
+    assert streamed.endswith(b"data: [DONE]\n\n")
+    records = _by_type(published)
+    (audit,) = records[Audit]
+    (tokens,) = records[TokenEntropy]
+    assert tokens.approximate and tokens.trace_id == audit.trace_id == TRACE_ID
+    np.testing.assert_allclose(tokens.values(), EXPECTED_ENTROPIES, atol=1e-3)
+    assert EMAIL not in audit.response and audit.response.startswith("Hello there, Mail [EMAIL:")
 
 
 def test_upstream_down_gives_502_and_an_error_span() -> None:
