@@ -10,7 +10,7 @@ DEMO_REQUESTS ?= 2000
 
 .PHONY: demo test test-fast venv services-up services-down readme-settings clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[dev,kafka,s3,gateway]'
