@@ -9,7 +9,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from entroloop.settings import Settings, SettingsError, load_settings
+from entroloop.cli.common import settings_or_exit
+from entroloop.settings import Settings
 
 console = Console(stderr=True)
 
@@ -35,11 +36,7 @@ def _settings(data_dir: Path | None, store: str | None) -> Settings:
         overrides["data_dir"] = data_dir
     if store:
         overrides["audit_store"] = store
-    try:
-        return load_settings(**overrides)
-    except SettingsError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
+    return settings_or_exit(**overrides)
 
 
 def _store(settings: Settings):

@@ -10,7 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from entroloop.settings import Settings, SettingsError, load_settings
+from entroloop.cli.common import settings_or_exit
+from entroloop.settings import Settings, load_settings
 
 console = Console(stderr=True)
 out = Console()
@@ -35,11 +36,7 @@ def distributed_settings(broker: str | None, topic_prefix: str | None, **extra: 
         overrides["kafka_bootstrap"] = broker_address(broker)
     if topic_prefix is not None:
         overrides["topic_prefix"] = topic_prefix
-    try:
-        settings = load_settings(**overrides)
-    except SettingsError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
+    settings = settings_or_exit(**overrides)
     if not settings.kafka_bootstrap:
         console.print("[red]No broker: pass --broker HOST:PORT or set ENTROLOOP_KAFKA_BOOTSTRAP "
                       "(`make services-up` starts a local one and writes it to .services.env).[/red]")
@@ -55,9 +52,7 @@ def bench_publisher(
 ) -> None:
     """Hot-path publish() latency (p50/p99) and throughput delivered to a real broker."""
     from entroloop.benchmarks import publisher as bench
-    from entroloop.benchmarks.report import write_benchmarks
-
-    from entroloop.benchmarks.report import Figure
+    from entroloop.benchmarks.report import Figure, write_benchmarks
 
     bootstrap = broker_address(broker) if broker else load_settings().kafka_bootstrap
     if not bootstrap:

@@ -11,12 +11,19 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
+from entroloop.cli.common import settings_or_exit
 from entroloop.demo_summary import FleetTruth, summarize
 from entroloop.records import TokenEntropy
-from entroloop.settings import Settings, SettingsError, load_settings, settings_markdown
+from entroloop.settings import Settings, settings_markdown
 from entroloop.topics import TOPICS
 from sinks.clickhouse.client import ClickHouseLocked
 
@@ -30,12 +37,7 @@ DataDir = Annotated[
 
 
 def _settings(data_dir: Path | None, **extra: Any) -> Settings:
-    try:
-        overrides = {"data_dir": data_dir} if data_dir else {}
-        return load_settings(**overrides, **extra)
-    except SettingsError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
+    return settings_or_exit(data_dir=data_dir, **extra)
 
 
 def _runner(settings: Settings):

@@ -12,6 +12,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from entroloop.cli.common import settings_or_exit
+
 console = Console(stderr=True)
 
 
@@ -25,13 +27,7 @@ def gateway(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve the OpenAI API, forward it to UPSTREAM, publish PII-redacted Audit records and Spans."""
-    from entroloop.settings import SettingsError, load_settings
-
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
+    settings = settings_or_exit()
     if engine is not None and engine not in ("vllm", "openai", "auto"):
         console.print(f"[red]--engine {engine!r}: expected vllm, openai or auto[/red]")
         raise typer.Exit(2)

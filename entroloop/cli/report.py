@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from entroloop.settings import SettingsError, load_settings
+from entroloop.cli.common import settings_or_exit
 from sinks.clickhouse.client import ClickHouseLocked
 
 console = Console(stderr=True)
@@ -30,11 +30,7 @@ def register(app: typer.Typer) -> None:
         from entroloop.report import load_report_data, render_page
         from sinks.clickhouse.client import connect
 
-        try:
-            settings = load_settings(**({"data_dir": data_dir} if data_dir else {}))
-        except SettingsError as exc:
-            console.print(f"[red]{exc}[/red]")
-            raise typer.Exit(2) from None
+        settings = settings_or_exit(data_dir=data_dir)
         dsn = settings.resolved_clickhouse_dsn()
         if dsn.startswith("chdb://") and not (Path(dsn.removeprefix("chdb://")) / "metadata").exists():
             console.print(f"[red]{settings.data_dir} holds no embedded ClickHouse.[/red] Run `entroloop demo --data-dir {settings.data_dir}` first.")

@@ -19,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from entroloop.cli.common import settings_or_exit
+
 console = Console(stderr=True)
 out = Console()
 
@@ -29,13 +31,7 @@ DataDir = Annotated[
 
 
 def _settings(data_dir: Path | None) -> Any:
-    from entroloop.settings import SettingsError, load_settings
-
-    try:
-        return load_settings(**({"data_dir": data_dir} if data_dir else {}))
-    except SettingsError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
+    return settings_or_exit(data_dir=data_dir)
 
 
 def _training_dir(settings: Any) -> Path:
@@ -271,7 +267,12 @@ def register(app: typer.Typer) -> None:
         data_dir: DataDir = None,
     ) -> None:
         """Unload an adapter from every vLLM server (ENTROLOOP_VLLM_SERVERS) and mark it rolled back."""
-        from training.publisher import AdapterPublisher, CanaryPolicy, CanaryRouter, VllmLoraClient
+        from training.publisher import (
+            AdapterPublisher,
+            CanaryPolicy,
+            CanaryRouter,
+            VllmLoraClient,
+        )
 
         settings = _settings(data_dir)
         actions = _actions(settings)
