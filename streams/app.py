@@ -21,6 +21,12 @@ is never acknowledged before an earlier one of the same partition. ``build_strea
 ``concurrency != 1`` unless the caller explicitly accepts the loss (only the test that proves the
 guard does that). Scale with partitions and more worker processes instead.
 
+Durable state: a processor that declares ``table_state`` (``streams.table_state.TableStateSpec``;
+the bad-case join does) gets a Faust table with a compacted changelog as its ``state``, co-
+partitioned with its input topics (all keyed by ``request_id``, same partition count), so a
+restarted worker recovers the state from the broker. Its writes are buffered on the executor
+thread and applied to the table on the event loop before the batch is acknowledged.
+
 Health: every ``health_interval`` seconds each worker publishes ``Health`` records with the
 consumer lag (log end offset minus committed offset) per assigned partition and the age of the
 last successful offset commit.
@@ -33,9 +39,11 @@ import concurrent.futures
 import logging
 import os
 import socket
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +56,7 @@ from entroloop.records import DeadLetter, Event, Health
 from entroloop.settings import Settings
 from entroloop.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
 from streams.base import Processor
+from streams.table_state import TableState, TableStateSpec
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +156,28 @@ class StreamsApp:
             **config.faust_options,
         )
         self.app.sensors.add(self.commits)
+        # Durable state: a processor with ``table_state`` gets a Faust table (changelogged, so a
+        # restarted worker recovers it) as its ``state``. A processor fed by two topics (the
+        # bad-case join: audit and feedback) runs on two agents' threads: a lock per such processor
+        # keeps its read-modify-write of one key whole (single-topic processors need none, and
+        # stay unlocked so the issue-606 control can still run two actors side by side).
+        self._locks: dict[int, AbstractContextManager[Any]] = {
+            id(p): threading.Lock() if len({TOPIC_BY_TYPE[t].name for t in p.inputs}) > 1 else nullcontext()
+            for p in self.processors
+        }
+        self.table_states: dict[int, TableState[Any]] = {}
+        for processor in self.processors:
+            spec: TableStateSpec[Any] | None = getattr(processor, "table_state", None)
+            if spec is not None:
+                table = self.app.Table(
+                    spec.name,
+                    partitions=config.partitions,
+                    key_type=bytes,  # bytes types: the raw codec, values are ``spec.encode`` bytes
+                    value_type=bytes,
+                )
+                state: TableState[Any] = TableState(table, spec)
+                processor.state = state  # type: ignore[attr-defined]
+                self.table_states[id(processor)] = state
         self._out_topics: dict[str, Any] = {}
         self._routes: dict[type[Event], list[Processor]] = defaultdict(list)
         for processor in self.processors:
@@ -179,6 +210,9 @@ class StreamsApp:
             async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
                 records, dead = self._decode_batch(topic_name, record_type, events)
                 outputs = await loop.run_in_executor(executor, self._run_processors, topic_name, processors, records)
+                for processor in processors:  # on the loop: only here may a Faust table change
+                    if (state := self.table_states.get(id(processor))) is not None:
+                        state.flush()
                 await self._send_all([*dead, *outputs])
                 # take_events acknowledges this batch when the loop comes back here: after the
                 # outputs are in the producer, which Faust flushes before it commits the offsets.
@@ -225,22 +259,52 @@ class StreamsApp:
         records = [record for record, _ in batch]
         watermark = max(r.emitted_at for r in records)
         for processor in processors:
+            with self._locks[id(processor)]:
+                out.extend(self._run_processor(topic, processor, batch, records, watermark))
+        return out
+
+    def _run_processor(
+        self, topic: str, processor: Processor, batch: list[tuple[Event, Any]], records: list[Event], watermark: float
+    ) -> list[Event]:
+        out: list[Event] = []
+        state = self.table_states.get(id(processor))
+        if state is not None:
+            # A table-state processor sees one input partition at a time, so each state change
+            # goes to the changelog partition of the record that caused it (co-partitioning).
+            by_partition: dict[int, list[tuple[Event, Any]]] = defaultdict(list)
+            for record, message in batch:
+                by_partition[message.partition].append((record, message))
             try:
-                out.extend(processor.process_batch(records))
-            except Exception:  # noqa: BLE001 - see the docstring
-                log.exception("processor %s failed on a batch of %d records; isolating", processor.name, len(records))
-                for record, message in batch:
-                    try:
-                        out.extend(processor.process_batch([record]))
-                    except Exception as exc:  # noqa: BLE001
-                        err = CodecError(f"{processor.name}: {exc!r}"[:1000])
-                        err.error_type = "processor_error"
-                        out.append(self.dead_letter(topic, message.partition, message.offset, message.key, encode(record), err))
-                        self.counts["processor_errors"] += 1
-            try:
-                out.extend(processor.on_watermark(watermark))
-            except Exception:  # noqa: BLE001 - a window that cannot close is retried at the next batch
-                log.exception("processor %s failed in on_watermark", processor.name)
+                for partition, group in by_partition.items():
+                    state.partition = partition
+                    out.extend(self._process_isolating(topic, processor, group, [r for r, _ in group]))
+            finally:
+                state.partition = None
+        else:
+            out.extend(self._process_isolating(topic, processor, batch, records))
+        try:
+            out.extend(processor.on_watermark(watermark))
+        except Exception:  # noqa: BLE001 - a window that cannot close is retried at the next batch
+            log.exception("processor %s failed in on_watermark", processor.name)
+        return out
+
+    def _process_isolating(
+        self, topic: str, processor: Processor, batch: list[tuple[Event, Any]], records: list[Event]
+    ) -> list[Event]:
+        """One processor on one batch; a failing batch is isolated record by record (see above)."""
+        out: list[Event] = []
+        try:
+            out.extend(processor.process_batch(records))
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.exception("processor %s failed on a batch of %d records; isolating", processor.name, len(records))
+            for record, message in batch:
+                try:
+                    out.extend(processor.process_batch([record]))
+                except Exception as exc:  # noqa: BLE001
+                    err = CodecError(f"{processor.name}: {exc!r}"[:1000])
+                    err.error_type = "processor_error"
+                    out.append(self.dead_letter(topic, message.partition, message.offset, message.key, encode(record), err))
+                    self.counts["processor_errors"] += 1
         return out
 
     async def _send_all(self, records: Sequence[Event]) -> None:
@@ -307,8 +371,11 @@ class StreamsApp:
     def ensure_topics(self) -> list[str]:
         """Create every v1 topic (with the prefix) that does not exist yet."""
         from entroloop.kafka_topics import ensure_topics
+        from streams.changelog_topics import ensure_changelog_topics
 
-        return ensure_topics(self.config.bootstrap, self.config.topic_prefix, self.config.partitions)
+        created = ensure_topics(self.config.bootstrap, self.config.topic_prefix, self.config.partitions)
+        changelogs = [state.table.changelog_topic.get_topic_name() for state in self.table_states.values()]
+        return created + ensure_changelog_topics(self.config.bootstrap, changelogs, self.config.partitions)
 
     def run(self, loglevel: str = "warn") -> None:
         """Run a Faust worker in this process until SIGTERM/SIGINT (topics are created first,

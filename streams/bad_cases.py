@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import MutableMapping, Sequence
+from typing import ClassVar
 
 import msgspec
 
@@ -22,6 +23,7 @@ from entroloop.records import Audit, BadCase, Event, Feedback
 from entroloop.settings import Settings
 from streams.base import Processor, derive
 from streams.rules import OTHER, ResponseRules, Token, tokenize
+from streams.table_state import TableStateSpec
 
 # Label added to bad cases confident enough for the regression suite the training gate replays.
 REGRESSION_LABEL = "regression"
@@ -149,6 +151,9 @@ class BadCaseJoiner(Processor):
 
     name = "bad_cases"
     inputs = (Audit, Feedback)
+    # Under Faust, ``state`` is this changelogged table (streams.table_state): the join survives a
+    # worker restart. Expiry deletes entries, which writes tombstones, so recovery drops them too.
+    table_state: ClassVar[TableStateSpec[JoinEntry]] = TableStateSpec("bad_case_join", encode_entry, decode_entry)
 
     def __init__(
         self,
