@@ -20,25 +20,29 @@ def ensure_topics(
     timeout: float = 30.0,
 ) -> list[str]:
     """Create every missing topic ``prefix + name``; return the names that were created."""
+    return create_missing_topics(
+        bootstrap,
+        {prefix + t.name: (partitions or t.partitions, {"retention.ms": str(t.retention_ms)}) for t in topics},
+        timeout,
+    )
+
+
+def create_missing_topics(bootstrap: str, wanted: dict[str, tuple[int, dict[str, str]]], timeout: float = 30.0) -> list[str]:
+    """Create each topic of ``wanted`` (name -> partitions, topic config) that does not exist yet."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=timeout).topics)
-    wanted = [
-        NewTopic(
-            prefix + t.name,
-            num_partitions=partitions or t.partitions,
-            replication_factor=-1,  # the broker's default.replication.factor
-            config={"retention.ms": str(t.retention_ms)},
-        )
-        for t in topics
-        if prefix + t.name not in existing
+    new = [
+        NewTopic(name, num_partitions=n, replication_factor=-1, config=config)  # -1: the broker's default
+        for name, (n, config) in wanted.items()
+        if name not in existing
     ]
-    if not wanted:
+    if not new:
         return []
     created: list[str] = []
-    for name, future in admin.create_topics(wanted, request_timeout=timeout).items():
+    for name, future in admin.create_topics(new, request_timeout=timeout).items():
         try:
             future.result(timeout=timeout)
             created.append(name)
@@ -48,4 +52,4 @@ def ensure_topics(
     return created
 
 
-__all__ = ["ensure_topics"]
+__all__ = ["ensure_topics", "create_missing_topics"]
