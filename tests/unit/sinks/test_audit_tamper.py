@@ -209,4 +209,5 @@ def test_overlapping_cut_is_refused_and_changed_bytes_are_never_written(tmp_path
 
 
 def test_verify_report_is_json_serialisable(store):
-    json.dumps(verify_store(store).as_dict())
+    report = verify_store(store).as_dict()
+    assert json.loads(json.dumps(report)) == report
