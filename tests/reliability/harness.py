@@ -102,6 +102,18 @@ def port_open(port: int) -> bool:
         return False
 
 
+def kraft_cluster_id() -> str:
+    """A random KRaft cluster id as StorageTool takes it.
+
+    Kafka's own Uuid.randomUuid() rerolls ids whose base64 form starts with '-': the tool's
+    argument parser would read such an id as an option (a CI run failed that way, 1 in 64).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class DedicatedBroker:
     """A single-node KRaft broker that belongs to one test; stop() and start() keep its data."""
 
@@ -145,10 +157,13 @@ class DedicatedBroker:
                 f"-Dlog4j2.configurationFile={self.folder / 'log4j2.properties'}", "-cp", self.classpath, *args]
 
     def _format(self) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
-                                  str(self.folder / "server.properties")),
-                       check=True, capture_output=True, timeout=120)
+        cluster_id = kraft_cluster_id()
+        formatted = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
+                                              str(self.folder / "server.properties")),
+                                   capture_output=True, timeout=120)
+        if formatted.returncode != 0:
+            raise RuntimeError(f"kafka StorageTool format failed ({formatted.returncode}): "
+                               f"{formatted.stdout.decode(errors='replace')}{formatted.stderr.decode(errors='replace')}")
 
     def start(self, timeout: float = 120.0) -> float:
         """Start the broker; return the seconds until it accepted a metadata request."""
