@@ -1,4 +1,5 @@
-"""``entroloop audit``: verify the write-once audit log, and read records back by audit or user id."""
+"""``entroloop audit``: verify the write-once audit log, and read records back by one narrow key:
+audit records by audit id or user id, action records by action id or alert key."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ console = Console(stderr=True)
 
 audit_app = typer.Typer(
     name="audit",
-    help="The WORM audit log: verify its tamper evidence; read records by audit id or user id.",
+    help="The WORM audit log: verify its tamper evidence; read audit records by audit id or user id, "
+    "action records by action id or alert key.",
     no_args_is_help=True,
 )
 
@@ -85,12 +87,41 @@ def verify(
         for problem in report.problems:
             console.print(f"[red]{problem.kind}[/red] {problem.key}: {problem.detail}")
         verdict = "[green]intact[/green]" if report.ok else f"[red]{len(report.problems)} problem(s)[/red]"
+        per_topic = ", ".join(f"{topic}: {n}" for topic, n in sorted(report.records_by_topic.items()))
         console.print(
             f"{report.store}: {verdict} — {report.chains} chains, {report.batches} batches, {report.files} files, "
-            f"{report.records} records, {report.bytes / 1e6:.1f} MB in {report.seconds:.2f}s"
+            f"{report.records} records{f' ({per_topic})' if per_topic else ''}, "
+            f"{report.bytes / 1e6:.1f} MB in {report.seconds:.2f}s"
         )
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _print_lookup(settings: Settings, topic: str, column: str, value: str, what: str) -> None:
+    """Print the records of ``topic`` whose ``column`` equals ``value`` as JSON lines; exit 1 if none."""
+    from sinks.audit.reader import find_records
+
+    found = 0
+    try:
+        for record in find_records(_store(settings), column, value, topic=topic):
+            print(json.dumps(record, ensure_ascii=False, default=str))
+            found += 1
+    except Exception as exc:
+        if not _is_storage_error(exc):
+            raise
+        _storage_error(exc)
+    if not found:
+        console.print(f"no {what} with {column} = {value!r}")
+        raise typer.Exit(1)
+
+
+def _one_of(options: dict[str, str | None]) -> tuple[str, str]:
+    """The (column, value) of the one option given; exit 2 unless exactly one was."""
+    given = [(column, value) for column, value in options.items() if value is not None]
+    if len(given) != 1:
+        console.print(f"[red]give exactly one of {' or '.join('--' + c.replace('_', '-') for c in options)}[/red]")
+        raise typer.Exit(2)
+    return given[0]
 
 
 @audit_app.command()
@@ -101,24 +132,28 @@ def get(
     store: Store = None,
 ) -> None:
     """Print the audit records of one audit id or one user id as JSON lines (the only read paths)."""
-    from sinks.audit.reader import find_records
+    from entroloop.records import Audit
 
-    if (audit_id is None) == (user_id is None):
-        console.print("[red]give exactly one of --audit-id or --user-id[/red]")
-        raise typer.Exit(2)
-    column, value = ("audit_id", audit_id) if audit_id is not None else ("user_id", user_id)
-    found = 0
-    try:
-        for record in find_records(_store(_settings(data_dir, store)), column, value):
-            print(json.dumps(record, ensure_ascii=False, default=str))
-            found += 1
-    except Exception as exc:
-        if not _is_storage_error(exc):
-            raise
-        _storage_error(exc)
-    if not found:
-        console.print(f"no audit record with {column} = {value!r}")
-        raise typer.Exit(1)
+    column, value = _one_of({"audit_id": audit_id, "user_id": user_id})
+    _print_lookup(_settings(data_dir, store), Audit.topic, column, value, "audit record")
+
+
+@audit_app.command()
+def actions(
+    action_id: Annotated[str | None, typer.Option("--action-id", help="The action id of one action record.")] = None,
+    alert_key: Annotated[
+        str | None,
+        typer.Option("--alert-key", help="Every action about one alert key (retraining loop: trigger key or adapter id)."),
+    ] = None,
+    data_dir: DataDir = None,
+    store: Store = None,
+) -> None:
+    """Print the action records of one action id or one alert key as JSON lines, read from the
+    write-once log through its manifests (the only read paths for actions)."""
+    from entroloop.records import Action
+
+    column, value = _one_of({"action_id": action_id, "alert_key": alert_key})
+    _print_lookup(_settings(data_dir, store), Action.topic, column, value, "action record")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,13 +1,15 @@
 """Batch manifests, their hash chain and chain heads: the audit log's tamper evidence.
 
-Every batch of the audit topic (one topic partition, offsets ``first..last``) is written as one
-Parquet file per (model, day) plus a manifest naming each file with its SHA-256, the Merkle root
-over those hashes, and the SHA-256 of the previous manifest of the same partition. One chain per
-topic partition: partitions have one writer each (Kafka assigns them), so chains never contend.
+Every batch of a logged topic (one topic partition, offsets ``first..last``) is written as one
+Parquet file per partition value and day plus a manifest naming each file with its SHA-256, the
+Merkle root over those hashes, and the SHA-256 of the previous manifest of the same partition. One
+chain per topic partition: partitions have one writer each (Kafka assigns them), so chains never
+contend, and the audit topic's chains and the actions topic's chains never mix.
 
 Object keys (all derived from the batch, so a redelivery maps to the same keys)::
 
-    audit/model=M/day=YYYY-MM-DD/<batch>.parquet     the records
+    audit/model=M/day=YYYY-MM-DD/<batch>.parquet     audit records (entroloop.audit.v1)
+    actions/action=A/day=YYYY-MM-DD/<batch>.parquet  action records (entroloop.actions.v1)
     manifests/<batch>.json                           one per batch; sorts by offset within a chain
     heads/<chain>/<seq>.json                         the chain head after batch number <seq>
 
@@ -32,6 +34,10 @@ from dataclasses import asdict, dataclass, field
 
 MANIFEST_VERSION = 1
 DATA_PREFIX = "audit/"
+ACTION_DATA_PREFIX = "actions/"
+DATA_PREFIXES = (DATA_PREFIX, ACTION_DATA_PREFIX)
+"""Every prefix that holds record files: the verifier treats a file under one that no manifest names
+as inserted."""
 MANIFEST_PREFIX = "manifests/"
 HEAD_PREFIX = "heads/"
 
@@ -41,6 +47,11 @@ _BATCH_RE = re.compile(r"(?P<chain>(?P<topic>.+)-p(?P<partition>\d{3}))-(?P<firs
 def safe_name(value: str) -> str:
     """``value`` usable as one path segment of an object key."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in value) or "_"
+
+
+def chain_prefix(topic: str) -> str:
+    """The start of every manifest key of ``topic``'s chains (all its partitions)."""
+    return f"{MANIFEST_PREFIX}{safe_name(topic)}-p"
 
 
 def chain_name(topic: str, partition: int) -> str:

@@ -1,10 +1,12 @@
-"""Audit records -> write-once Parquet files, a hash-chained manifest per batch, a chain head.
+"""Audit and action records -> write-once Parquet files, a hash-chained manifest per batch, a chain head.
 
 Object keys are derived from the batch's (topic, partition, first offset, last offset), so a batch
 redelivered after a crash maps to the same keys and is recognised instead of written twice.
-Files are partitioned by model and day (``model=M/day=YYYY-MM-DD/``) so an auditor's question
-about one model and one day touches few files. The tamper evidence (SHA-256 per file, Merkle root
-per batch, manifests chained per topic partition, heads) is described in ``sinks.audit.manifest``.
+Each logged topic has its layout (``sinks.audit.layouts``): audit records are partitioned by model
+and day (``audit/model=M/day=YYYY-MM-DD/``) so an auditor's question about one model and one day
+touches few files; action records by action and day (``actions/action=A/day=YYYY-MM-DD/``). The
+tamper evidence (SHA-256 per file, Merkle root per batch, manifests chained per topic partition,
+heads) is described in ``sinks.audit.manifest``; the audit and action topics have chains of their own.
 
 Write order is data files, then the manifest, then the head: a crash at any point leaves objects
 that a retry recreates byte for byte (``put_once`` recognises them), and a manifest written without
@@ -14,19 +16,22 @@ its head is adopted and sealed the next time the writer opens that chain.
 from __future__ import annotations
 
 import io
-import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import msgspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from entroloop.records import Audit
+from entroloop.records import Audit, Event
+from sinks.audit.layouts import (
+    ACTION_SCHEMA,
+    AUDIT_LAYOUT,
+    AUDIT_SCHEMA,
+    LOGGED_TOPICS,
+    layout_for,
+)
 from sinks.audit.manifest import (
-    DATA_PREFIX,
     HEAD_PREFIX,
     MANIFEST_PREFIX,
     FileEntry,
@@ -37,37 +42,9 @@ from sinks.audit.manifest import (
     manifest_key,
     merkle_root,
     parse_manifest_key,
-    safe_name,
     sha256_hex,
 )
 from sinks.audit.worm_store import ObjectExists, WormStore
-
-AUDIT_SCHEMA = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("emitted_at", pa.timestamp("ms", tz="UTC")),
-        ("node_id", pa.string()),
-        ("seq", pa.int64()),
-        ("request_id", pa.string()),
-        ("trace_id", pa.string()),
-        ("schema_version", pa.int16()),
-        ("audit_id", pa.string()),
-        ("model", pa.string()),
-        ("route", pa.string()),
-        ("adapter", pa.string()),
-        ("tenant", pa.string()),
-        ("user_id", pa.string()),
-        ("prompt_template_version", pa.string()),
-        ("prompt", pa.string()),
-        ("response", pa.string()),
-        ("sampling", pa.string()),
-        ("tokenizer_digest", pa.string()),
-        ("engine_version", pa.string()),
-        ("language", pa.string()),
-        ("redactions", pa.string()),
-    ]
-)
-
 
 WrittenFile = FileEntry  # the name the first writer used
 
@@ -76,33 +53,9 @@ class AuditChainError(RuntimeError):
     """The stored chain cannot be extended safely (tampered, or a batch overlaps a written one)."""
 
 
-def _day(ts: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(ts))
-
-
-_safe = safe_name
-
-
-_sorted_json = msgspec.json.Encoder(order="sorted").encode
-
-
 def audit_table(records: Sequence[Audit]) -> pa.Table:
-    """Audit records -> an Arrow table of ``AUDIT_SCHEMA``, built column by column.
-
-    ``sampling`` and ``redactions`` are stored as JSON with sorted keys, so equal records give
-    equal bytes (and a redelivered batch the same file).
-    """
-    columns = []
-    for name in AUDIT_SCHEMA.names:
-        values = [getattr(r, name) for r in records]
-        if name == "emitted_at":
-            ticks = (np.asarray(values, dtype=np.float64) * 1000).astype(np.int64)
-            columns.append(pa.array(ticks, type=pa.int64()).cast(AUDIT_SCHEMA.field(name).type))
-            continue
-        if name in ("sampling", "redactions"):
-            values = [_sorted_json(v).decode() for v in values]
-        columns.append(pa.array(values, type=AUDIT_SCHEMA.field(name).type))
-    return pa.Table.from_arrays(columns, schema=AUDIT_SCHEMA)
+    """Audit records -> an Arrow table of ``AUDIT_SCHEMA`` (see ``RecordLayout.table``)."""
+    return AUDIT_LAYOUT.table(records)
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
@@ -123,13 +76,15 @@ class ChainState:
 
 
 class AuditParquetWriter:
-    """Writes each audit batch once and chains it; counts files written and redeliveries recognised."""
+    """Writes each batch of a logged topic (audit or actions) once and chains it; counts files
+    written and redeliveries recognised. One writer serves every logged topic: the schema and the
+    folders come from the topic's layout, the chain from its (topic, partition)."""
 
-    def __init__(self, store: WormStore, prefix: str = "audit") -> None:
-        if prefix + "/" != DATA_PREFIX:
-            raise ValueError(f"audit data lives under {DATA_PREFIX!r}; the verifier looks there")
+    def __init__(self, store: WormStore, topics: Iterable[str] = LOGGED_TOPICS) -> None:
         self.store = store
-        self.prefix = prefix
+        self.topics: tuple[str, ...] = tuple(topics)
+        for topic in self.topics:
+            layout_for(topic)  # an unknown topic fails here, not at its first batch
         self.files_written = 0
         self.files_skipped = 0
         self.records_written = 0
@@ -193,9 +148,15 @@ class AuditParquetWriter:
         return sha256_hex(data), len(data)
 
     def write(
-        self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Audit]
+        self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event]
     ) -> list[FileEntry]:
         """Write the batch read at ``first_offset..last_offset``; a batch already chained is skipped."""
+        if topic not in self.topics:
+            raise ValueError(f"this writer logs {', '.join(self.topics)}, not {topic!r}")
+        layout = layout_for(topic)
+        strays = {type(r).__name__ for r in records if type(r) is not layout.record_type}
+        if strays:  # the schema would silently miss their fields
+            raise TypeError(f"{topic} holds {layout.record_type.__name__} records, not {', '.join(sorted(strays))}")
         state = self.chain(topic, partition)
         key = manifest_key(topic, partition, first_offset, last_offset)
         if key in state.batches or last_offset <= state.last_offset:
@@ -206,14 +167,14 @@ class AuditParquetWriter:
                 f"batch {first_offset}-{last_offset} of {topic}[{partition}] overlaps the chained "
                 f"offsets up to {state.last_offset}; batches must be cut at the same offsets on redelivery"
             )
-        groups: dict[tuple[str, str], list[Audit]] = defaultdict(list)
+        groups: dict[str, list[Event]] = defaultdict(list)
         for r in records:
-            groups[(r.model, _day(r.emitted_at))].append(r)
+            groups[layout.folder(r)].append(r)
         batch = batch_name(topic, partition, first_offset, last_offset)
         files = []
-        for (model, day), group in sorted(groups.items()):
-            file_key = f"{self.prefix}/model={safe_name(model)}/day={day}/{batch}.parquet"
-            sha, size = self._put_file(file_key, parquet_bytes(audit_table(group)))
+        for folder, group in sorted(groups.items()):
+            file_key = f"{folder}/{batch}.parquet"
+            sha, size = self._put_file(file_key, parquet_bytes(layout.table(group)))
             files.append(FileEntry(file_key, sha, len(group), size))
             self.records_written += len(group)
         files.sort(key=lambda f: f.key)
@@ -234,3 +195,14 @@ class AuditParquetWriter:
         self._seal(manifest, sha256_hex(data), state)
         self.batches_written += 1
         return files
+
+
+__all__ = [
+    "ACTION_SCHEMA",
+    "AUDIT_SCHEMA",
+    "AuditChainError",
+    "AuditParquetWriter",
+    "ChainState",
+    "audit_table",
+    "parquet_bytes",
+]

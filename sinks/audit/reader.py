@@ -1,9 +1,15 @@
-"""Reading audit records back: by audit id or by user id, nothing else.
+"""Reading records back from the audit log: by one narrow key, nothing else.
 
-The compliance brief allows exactly these two lookups (an auditor's "show me this answer" and a
-data subject's "show me everything about me"); there is deliberately no free-text search over
-prompts and responses. Only files named by a manifest are read, so a file slipped into the store
-is never served as evidence. Row-group statistics let Parquet skip most of each file.
+The compliance brief allows exactly these lookups, per record type (``RecordLayout.lookups``):
+
+* audit records by ``audit_id`` or ``user_id`` (an auditor's "show me this answer" and a data
+  subject's "show me everything about me");
+* action records by ``action_id`` or ``alert_key`` ("show me this action" and "show me everything
+  done about this alert", or, for the retraining loop, about this trigger key or adapter).
+
+There is deliberately no free-text search over prompts, responses or action details. Only files
+named by a manifest of the record type's own chains are read, so a file slipped into the store is
+never served as evidence. Row-group statistics let Parquet skip most of each file.
 """
 
 from __future__ import annotations
@@ -14,27 +20,42 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from sinks.audit.manifest import MANIFEST_PREFIX, Manifest
+from entroloop.records import Action, Audit
+from sinks.audit.layouts import layout_for
+from sinks.audit.manifest import MANIFEST_PREFIX, Manifest, chain_prefix
 from sinks.audit.worm_store import WormStore
 
-LOOKUP_COLUMNS = ("audit_id", "user_id")
+LOOKUP_COLUMNS = layout_for(Audit.topic).lookups
+ACTION_LOOKUP_COLUMNS = layout_for(Action.topic).lookups
 
 
-def manifest_files(store: WormStore) -> list[str]:
-    """Every data file the manifests name, in chain order."""
+def manifest_files(store: WormStore, topic: str | None = None) -> list[str]:
+    """Every data file the manifests name (of ``topic``'s chains only, if given), in chain order."""
     keys = []
-    for key in store.list(MANIFEST_PREFIX):
-        keys.extend(f.key for f in Manifest.from_bytes(store.get(key)).files)
+    for key in store.list(chain_prefix(topic) if topic else MANIFEST_PREFIX):
+        manifest = Manifest.from_bytes(store.get(key))
+        if topic is None or manifest.topic == topic:  # the key says so; the signed-off content decides
+            keys.extend(f.key for f in manifest.files)
     return keys
 
 
-def find_records(store: WormStore, column: str, value: str) -> Iterator[dict[str, Any]]:
-    """Audit records whose ``column`` (``audit_id`` or ``user_id``) equals ``value``."""
-    if column not in LOOKUP_COLUMNS:
-        raise ValueError(f"audit records are read back by {' or '.join(LOOKUP_COLUMNS)} only")
-    for key in manifest_files(store):
+def find_records(store: WormStore, column: str, value: str, topic: str = Audit.topic) -> Iterator[dict[str, Any]]:
+    """Records of ``topic`` (audit records unless told) whose ``column`` equals ``value``;
+    ``column`` must be one of the topic's lookups."""
+    lookups = layout_for(topic).lookups
+    if column not in lookups:
+        raise ValueError(f"records of {topic} are read back by {' or '.join(lookups)} only")
+    for key in manifest_files(store, topic):
         table = pq.read_table(io.BytesIO(store.get(key)), filters=[(column, "=", value)])
         for row in table.to_pylist():
             row["emitted_at"] = row["emitted_at"].timestamp()
             row["_object"] = key
             yield row
+
+
+def find_actions(store: WormStore, column: str, value: str) -> Iterator[dict[str, Any]]:
+    """Action records whose ``column`` (``action_id`` or ``alert_key``) equals ``value``."""
+    return find_records(store, column, value, topic=Action.topic)
+
+
+__all__ = ["ACTION_LOOKUP_COLUMNS", "LOOKUP_COLUMNS", "find_actions", "find_records", "manifest_files"]

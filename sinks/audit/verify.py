@@ -1,6 +1,7 @@
 """Recompute the audit log's tamper evidence and name every problem found.
 
-Checks, per chain (one per audit topic partition), manifests taken in offset order:
+Checks, per chain (one per partition of each logged topic: the audit topic and the actions topic),
+manifests taken in offset order:
 
 * each manifest parses, and its content belongs at its key (chain and offsets) — else *reordered*;
 * its ``seq`` follows the previous one — a jump is a *missing* batch, a repeat an *inserted* one;
@@ -11,7 +12,7 @@ Checks, per chain (one per audit topic partition), manifests taken in offset ord
 * the newest head names the last manifest with its hash: a head ahead of the manifests means the
   tail is *missing*, manifests beyond the head are *unsealed*, a head whose hash differs means the
   manifest was *modified*; older heads must agree with the chain too;
-* every object under ``audit/`` or ``manifests/`` that no chain names is *inserted*.
+* every object under ``audit/``, ``actions/`` or ``manifests/`` that no chain names is *inserted*.
 
 Files are hashed once each, streaming through SHA-256 at storage speed; nothing is decoded, so
 verification scales with bytes, not records.
@@ -25,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from sinks.audit.manifest import (
-    DATA_PREFIX,
+    DATA_PREFIXES,
     HEAD_PREFIX,
     MANIFEST_PREFIX,
     Head,
@@ -58,6 +59,8 @@ class VerifyReport:
     bytes: int = 0
     seconds: float = 0.0
     problems: list[Problem] = field(default_factory=list)
+    records_by_topic: dict[str, int] = field(default_factory=dict)
+    """Records the manifests name, per topic (audit records and action records apart)."""
 
     @property
     def ok(self) -> bool:
@@ -76,6 +79,7 @@ class VerifyReport:
             "records": self.records,
             "bytes": self.bytes,
             "seconds": round(self.seconds, 3),
+            "records_by_topic": dict(sorted(self.records_by_topic.items())),
             "problems": [p.__dict__ for p in self.problems],
         }
 
@@ -86,7 +90,7 @@ def verify_store(store: WormStore) -> VerifyReport:
     report = VerifyReport(store.describe())
     problems = report.problems
     keys = store.list()
-    data_keys = {k for k in keys if k.startswith(DATA_PREFIX)}
+    data_keys = {k for k in keys if k.startswith(DATA_PREFIXES)}
     heads_by_chain: dict[str, list[str]] = defaultdict(list)
     for key in keys:
         if key.startswith(HEAD_PREFIX):
@@ -171,6 +175,9 @@ def _verify_chain(
             problems.append(Problem("broken_chain", key, "previous-manifest hash does not match the manifest before it"))
         if manifest.first_offset <= prev_last:
             problems.append(Problem("reordered", key, f"offsets {manifest.first_offset}.. go back before {prev_last}"))
+        report.records_by_topic[manifest.topic] = report.records_by_topic.get(manifest.topic, 0) + sum(
+            f.records for f in manifest.files
+        )
         if merkle_root([f.sha256 for f in manifest.files]) != manifest.merkle_root:
             problems.append(Problem("modified", key, "Merkle root does not match the file hashes it lists"))
         for f in manifest.files:
