@@ -24,7 +24,6 @@ from entroloop.cli import app as cli
 from entroloop.records import Alert, TokenEntropy
 from entroloop.settings import Settings
 from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
-
 from tests.integration.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
@@ -32,7 +31,7 @@ pytestmark = pytest.mark.kafka
 ENTROPY_RULES = {LOOP, GIBBERISH}
 
 
-def expected_entropy_alerts(bootstrap: str, prefix: str) -> set[str]:
+def published_entropy_alerts(bootstrap: str, prefix: str) -> list[Alert]:
     """The alerts the detector gives in-process for the TokenEntropy records really published
     (read back from the topic: the fleet's ids are random, the derived ids are not)."""
     settings = Settings()
@@ -54,7 +53,12 @@ def expected_entropy_alerts(bootstrap: str, prefix: str) -> set[str]:
         tokens.extend(codec.decode(m.value()) for m in messages if m.error() is None)  # type: ignore[misc]
     consumer.close()
     assert tokens, "the fleet published no TokenEntropy records"
-    return {a.event_id for a in detector.process_batch(tokens) if isinstance(a, Alert)}
+    return [a for a in detector.process_batch(tokens) if isinstance(a, Alert)]
+
+
+def expected_entropy_alerts(bootstrap: str, prefix: str) -> set[str]:
+    """Event ids of ``published_entropy_alerts``."""
+    return {a.event_id for a in published_entropy_alerts(bootstrap, prefix)}
 
 
 def publish_fleet(bootstrap: str, prefix: str, requests: int, seed: int, spool: Path) -> None:

@@ -18,13 +18,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer
-
 import tests.integration.test_fleet_worker_kafka as fleet_worker
-from entroloop import codec
-from entroloop.records import Alert, TokenEntropy
-from entroloop.settings import Settings
-from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+from entroloop.records import Alert
+from streams.entropy_anomaly import GIBBERISH, LOOP
 from tests.reliability.harness import (
     PYTHON,
     REPO_ROOT,
@@ -40,24 +36,7 @@ from tests.reliability.harness import (
 
 def expected_alerts(bootstrap: str, prefix: str) -> dict[str, tuple[str, int]]:
     """event_id -> (node_id, seq) of the alerts the detector gives in-process for the published tokens."""
-    settings = Settings()
-    detector = EntropyAnomalyDetector(
-        loop_threshold=settings.loop_threshold_nats, loop_min_run=settings.loop_min_run,
-        gibberish_threshold=settings.gibberish_threshold_nats, gibberish_min_run=settings.gibberish_min_run,
-    )
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"tokens-{time.time_ns()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([prefix + TokenEntropy.topic])
-    tokens: list[TokenEntropy] = []
-    idle_since = time.monotonic()
-    while time.monotonic() - idle_since < 3.0:
-        messages = consumer.consume(5000, timeout=0.5)
-        if messages:
-            idle_since = time.monotonic()
-        tokens.extend(codec.decode(m.value()) for m in messages if m.error() is None)  # type: ignore[misc]
-    consumer.close()
-    assert tokens, "the fleet published no TokenEntropy records"
-    return {a.event_id: identity(a) for a in detector.process_batch(tokens) if isinstance(a, Alert)}
+    return {a.event_id: identity(a) for a in fleet_worker.published_entropy_alerts(bootstrap, prefix)}
 
 
 def alerts_in_clickhouse(bootstrap: str, prefix: str, data_dir: Path):
