@@ -4,9 +4,9 @@ Serving-side code publishes encoded records onto the embedded bus (``entroloop.b
 ``drain`` then consumes every topic partition by partition in offset-aligned batches, exactly as
 the Kafka workers and sinks do: decode (poison bytes become dead letters), run the processors
 subscribed to the record type and publish what they emit, write the batch to ClickHouse (and the
-audit topic to write-once Parquet), and only then commit the offsets. Because batches are cut at
-multiples of ``batch_size``, re-reading a log cuts the same batches, so insert deduplication
-tokens and audit object keys repeat and redelivery stores nothing twice.
+audit and actions topics to the write-once Parquet log), and only then commit the offsets. Because
+batches are cut at multiples of ``batch_size``, re-reading a log cuts the same batches, so insert
+deduplication tokens and audit object keys repeat and redelivery stores nothing twice.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from entroloop.bus import LocalLog, OffsetStore
 from entroloop.codec import CodecError, decode, dead_letter_fields, encode
 from entroloop.ids import derived_event_id
-from entroloop.records import Audit, DeadLetter, Event
+from entroloop.records import DeadLetter, Event
 from entroloop.settings import Settings
 from entroloop.topics import TOPIC_BY_NAME, TOPICS, topic_of
 from sinks.audit.parquet_writer import AuditParquetWriter
@@ -167,6 +167,7 @@ class EmbeddedRunner:
 
     def _process_batch(self, topic: str, partition: int, first: int, frames: list[tuple[str, bytes]]) -> None:
         records: list[Event] = []
+        offsets: list[int] = []
         for i, (key, value) in enumerate(frames):
             try:
                 record = decode(value, self.settings.max_record_bytes)
@@ -179,13 +180,14 @@ class EmbeddedRunner:
                 self.publish(self._dead_letter(topic, partition, first + i, key, value, err))
                 continue
             records.append(record)
+            offsets.append(first + i)
             self._watermark = max(self._watermark, record.emitted_at)
             self._max_event_time = max(self._max_event_time, record.emitted_at)
         last = first + len(frames) - 1
         if records:
             self.clickhouse.write(topic, partition, first, last, records)
-            if topic == Audit.topic:
-                self.audit.write(topic, partition, first, last, records)  # type: ignore[arg-type]
+            if topic in self.audit.topics:
+                self._write_audit_log(topic, partition, first, last, offsets, records)
         by_type: dict[type, list[Event]] = defaultdict(list)
         for record in records:
             by_type[type(record)].append(record)
@@ -193,6 +195,23 @@ class EmbeddedRunner:
             for processor in self._routes.get(record_type, ()):
                 for out in processor.process_batch(group):
                     self.publish(out)
+
+    def _write_audit_log(
+        self, topic: str, partition: int, first: int, last: int, offsets: list[int], records: list[Event]
+    ) -> None:
+        """Write a batch of a logged topic (audit, actions) to the write-once log, minus what it holds.
+
+        Topics the processors write to (actions) grow while the log is drained, so a batch re-read
+        after a crash between the write and the offset commit can be cut longer than the batch
+        written before it; the chain refuses overlapping batches, so the records it already holds
+        are left out and the rest is written as the batch that follows them.
+        """
+        chained = self.audit.chain(topic, partition).last_offset
+        if first <= chained < last:
+            records = [r for o, r in zip(offsets, records) if o > chained]
+            first = chained + 1
+        if records:
+            self.audit.write(topic, partition, first, last, records)
 
     def _dead_letter(self, topic: str, partition: int, offset: int, key: str, value: bytes, err: CodecError) -> DeadLetter:
         self.dead_letter_reasons[err.error_type] += 1
