@@ -657,14 +657,14 @@ def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkCon
 
 
 def audit_sink_consumer(settings: Settings, create_bucket: bool = False, **options: Any) -> KafkaSinkConsumer:
-    """The audit topic into write-once Parquet files with hash-chained manifests."""
-    from entroloop.records import Audit
+    """The audit and actions topics into write-once Parquet files with hash-chained manifests
+    (one chain per topic partition, so audit and action records never share a chain)."""
     from sinks.audit.parquet_writer import AuditParquetWriter
     from sinks.audit.stores import open_worm_store
 
     options.setdefault("max_rows", settings.audit_batch_records)
     target = AuditParquetWriter(open_worm_store(settings, create_bucket=create_bucket))
-    return KafkaSinkConsumer("audit", target, [Audit.topic], settings, **options)
+    return KafkaSinkConsumer("audit", target, target.topics, settings, **options)
 
 
 SINK_FACTORIES: dict[str, Callable[..., KafkaSinkConsumer]] = {

@@ -110,14 +110,14 @@ def register(app: typer.Typer) -> None:
         topic_prefix: TopicPrefix = None,
         until_empty: UntilEmpty = False,
         max_idle_s: MaxIdle = None,
-        batch_rows: Annotated[int | None, typer.Option(help="Audit records per batch (default ENTROLOOP_AUDIT_BATCH_RECORDS).")] = None,
+        batch_rows: Annotated[int | None, typer.Option(help="Audit or action records per batch (default ENTROLOOP_AUDIT_BATCH_RECORDS).")] = None,
         batch_seconds: BatchSeconds = None,
         session_timeout_s: SessionTimeout = 30.0,
         create_bucket: Annotated[bool, typer.Option(help="Create the S3 bucket with Object Lock if missing.")] = False,
         as_json: AsJson = False,
         loglevel: LogLevel = "warning",
     ) -> None:
-        """The audit topic into write-once Parquet with hash-chained manifests (ENTROLOOP_AUDIT_STORE)."""
+        """The audit and actions topics into write-once Parquet with hash-chained manifests (ENTROLOOP_AUDIT_STORE)."""
         settings = distributed_settings(broker, topic_prefix)
         options: dict[str, Any] = {"max_seconds": batch_seconds, "session_timeout_s": session_timeout_s}
         if batch_rows:

@@ -14,7 +14,6 @@ import pytest
 from typer.testing import CliRunner
 
 from entroloop.cli import app
-from entroloop.ids import derived_event_id
 from entroloop.records import Action, Audit
 from sinks.audit.layouts import ACTION_SCHEMA, AUDIT_SCHEMA
 from sinks.audit.manifest import Manifest
@@ -22,26 +21,10 @@ from sinks.audit.parquet_writer import AuditParquetWriter
 from sinks.audit.reader import find_actions, find_records, manifest_files
 from sinks.audit.verify import verify_store
 from sinks.audit.worm_store import LocalWormStore
+from tests.unit.sinks.action_records import KINDS, sample_actions
 from tests.unit.sinks.sink_records import sample_records
 
-AT = 1_790_000_000.0  # 2026-09-21
-KINDS = ("capture_bundle", "pause_node", "open_retrain", "train.completed")
 BATCH = 10
-
-
-def sample_actions(n: int, alerts: int = 6, span_s: float = 2 * 86_400) -> list[Action]:
-    """``n`` actions about ``alerts`` alert keys, several kinds, over two days."""
-    out = []
-    for i in range(n):
-        alert_key = f"gibberish:req-{i % alerts}"
-        at = AT + span_s * i / n
-        out.append(Action(
-            event_id=derived_event_id(alert_key, "action", str(i), at=at), emitted_at=at, node_id="alert_actions",
-            seq=i, request_id=f"req-{i % alerts}", trace_id=f"{i:032x}", action_id=f"act-{i:04d}",
-            action=KINDS[i % len(KINDS)], alert_key=alert_key, runbook="pause-node-on-gibberish", runbook_version="1",
-            dry_run=i % 5 == 0, outcome="ok", detail=json.dumps({"step": i}),
-        ))
-    return out
 
 
 def write_log(store: LocalWormStore, audits: list[Audit], actions: list[Action]) -> AuditParquetWriter:
