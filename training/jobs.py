@@ -65,6 +65,14 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Job:
     """One job's folder: its request, its status, its work folder."""
 
@@ -177,6 +185,7 @@ class JobStore:
                 if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
                     return None
                 raise
+            _fsync_dir(self.jobs_dir)  # the rename itself is durable before anyone acts on the claim
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -190,8 +199,9 @@ class JobStore:
         ]
 
     def resumable(self) -> list[Job]:
-        """Jobs that are not finished and that no live process is running (crashed ones)."""
-        return [job for job in self.jobs() if not job.terminal and not job.is_locked()]
+        """Jobs that are not finished and that no live process is running (crashed ones), oldest claim first."""
+        jobs = [job for job in self.jobs() if not job.terminal and not job.is_locked()]
+        return sorted(jobs, key=lambda job: job.status().get("created_at", 0.0))
 
 
 @dataclass(frozen=True)
@@ -215,6 +225,17 @@ class JobRunner:
 
     def submit(self, request: RetrainRequest) -> Job | None:
         """Claim and run the job for ``request``; None (and an action) if the key already has one."""
+        job = self.claim(request)
+        if job is not None:
+            self.run(job)
+        return job
+
+    def claim(self, request: RetrainRequest) -> Job | None:
+        """Claim the job for ``request`` (durable when this returns) and record it, without running it.
+
+        None (and a ``retrain.duplicate`` action) if the key already has a job. A claimed job that is
+        never run (its process died) is found by ``resume_all``: state not terminal, lock free.
+        """
         job = self.store.claim(request)
         if job is None:
             existing = self.store.get(request.trigger_key)
@@ -231,7 +252,6 @@ class JobRunner:
             "retrain.claimed", request.trigger_key, trace_id=request.trace_id, event_id=request.event_id,
             model=request.model, reason=request.reason, bad_case_count=request.bad_case_count,
         )
-        self.run(job)
         return job
 
     def resume_all(self) -> list[Job]:

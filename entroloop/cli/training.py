@@ -6,6 +6,11 @@ listed by ``entroloop --help`` in the light virtualenv; training itself needs .v
 Embedded mode: retrain requests are read from the embedded bus log (DATA_DIR/log), training data
 (bad cases, audits, feedback) too, and every Action record is appended to the bus's actions topic,
 from where the runner's sinks put it in ClickHouse and the audit log.
+
+Distributed mode (ENTROLOOP_KAFKA_BOOTSTRAP or ``--broker`` set): ``trainer`` consumes the retrain
+topic from Kafka (``training.consumer``), training data comes from ClickHouse and the WORM audit log
+(``training.sources.WarehouseSource``), and Action records go to the actions topic through the node
+publisher, from where the sinks store them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from entroloop.cli.common import settings_or_exit
+from entroloop.cli.distributed import Broker, TopicPrefix, broker_address
 
 console = Console(stderr=True)
 out = Console()
@@ -53,10 +59,24 @@ def _bus_emitter(settings: Any):
     return emit
 
 
+_publishers: list[Any] = []
+
+
+def _kafka_publisher(settings: Any) -> Any:
+    """The node publisher (one per process, closed at exit by its own atexit hook)."""
+    if not _publishers:
+        from collectors.publisher import Publisher
+
+        _publishers.append(Publisher.from_settings(settings, client_id=f"entroloop-trainer-{settings.node_id}"))
+    return _publishers[0]
+
+
 def _actions(settings: Any):
+    """Action records to the actions topic: Kafka in distributed mode, else the embedded bus."""
     from training.actions import ActionLog
 
-    return ActionLog(_bus_emitter(settings), node_id=f"trainer@{settings.node_id}")
+    emit = _kafka_publisher(settings).publish if settings.kafka_bootstrap else _bus_emitter(settings)
+    return ActionLog(emit, node_id=f"trainer@{settings.node_id}")
 
 
 def _registry(settings: Any, actions: Any):
@@ -75,12 +95,27 @@ def _registry(settings: Any, actions: Any):
     return registry
 
 
-def _source(settings: Any, records: list[Path] | None):
+def _source(settings: Any, records: list[Path] | None, registry: Any = None):
     from training.pipeline import BusSource, JsonLinesSource
 
     if records:
         return JsonLinesSource(list(records))
+    if settings.kafka_bootstrap:
+        return _warehouse_source(settings, registry)
     return BusSource(Path(settings.data_dir) / "log", settings.partitions)
+
+
+def _warehouse_source(settings: Any, registry: Any = None):
+    """Distributed training data: ids from ClickHouse, accepted answers from the WORM audit log."""
+    from sinks.audit.stores import open_worm_store
+    from sinks.clickhouse.client import connect
+    from training.sources import WarehouseSource
+
+    client = registry.client if registry is not None else connect(
+        settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
+    return WarehouseSource(client, settings.clickhouse_database, open_worm_store(settings),
+                           replay_ratio=settings.train_replay_ratio,
+                           negative_rating=settings.badcase_negative_rating)
 
 
 def _rollout(settings: Any, registry: Any, actions: Any):
@@ -119,11 +154,81 @@ def _runner(settings: Any, records: list[Path] | None, dry_run: bool):
     registry = None if dry_run else _registry(settings, actions)
     publish = _rollout(settings, registry, actions) if registry is not None and settings.vllm_servers else None
     try:
-        pipeline = TrainingPipeline(settings, _source(settings, records), registry, publish=publish)
+        pipeline = TrainingPipeline(settings, _source(settings, records, registry), registry, publish=publish)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
     return JobRunner(JobStore(_training_dir(settings)), pipeline.steps(), actions)
+
+
+def run_kafka_trainer(settings: Any, runner: Any, once: bool = False, session_timeout_s: float = 30.0
+                      ) -> dict[str, Any]:
+    """Consume the retrain topic from Kafka into ``runner`` until SIGTERM (or, ``once``, until idle)."""
+    import signal
+
+    from entroloop.cli.sinks import _broker_answers
+    from entroloop.kafka_topics import ensure_topics
+    from entroloop.records import Action, DeadLetter, RetrainRequest
+    from entroloop.topics import TOPIC_BY_TYPE
+    from training.consumer import RetrainConsumer
+
+    problem = _broker_answers(settings.kafka_bootstrap)
+    if problem:
+        console.print(f"[red]trainer: Kafka broker {settings.kafka_bootstrap} does not answer ({problem}).[/red]")
+        raise typer.Exit(2)
+    # subscribing to a topic that does not exist yet would wait for a metadata refresh (minutes)
+    ensure_topics(settings.kafka_bootstrap, settings.topic_prefix, settings.partitions,
+                  topics=[TOPIC_BY_TYPE[t] for t in (RetrainRequest, DeadLetter, Action)])
+    publisher = _kafka_publisher(settings)
+    consumer = RetrainConsumer(settings, runner, publisher, session_timeout_s=session_timeout_s)
+
+    def stop(_signum: int, _frame: Any) -> None:
+        consumer.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    console.print(f"trainer: group {consumer.group_id}, topic {consumer.topic} via {settings.kafka_bootstrap}")
+    stats = consumer.run(until_idle=once).as_dict()
+    stats["publisher"] = publisher.close()
+    return stats
+
+
+def _consume_bus(settings: Any, once: bool, poll_seconds: float) -> None:
+    """The embedded mode's consumer: the bus log, offsets in a file, jobs run inline."""
+    from entroloop.bus import LocalLog, OffsetStore
+    from entroloop.codec import CodecError, decode
+    from entroloop.records import RetrainRequest
+
+    runner = _runner(settings, None, dry_run=False)
+    for job in runner.resume_all():
+        console.print(f"resumed {job.trigger_key}: {job.state}")
+    offsets = OffsetStore(_training_dir(settings) / "offsets.json")
+    topic = RetrainRequest.topic
+    while True:
+        log = LocalLog(Path(settings.data_dir) / "log", settings.partitions)
+        for partition in range(settings.partitions):
+            start, stop = offsets.get(topic, partition), log.end_offset(topic, partition)
+            for offset, (_key, value) in enumerate(log.read(topic, partition, start, stop), start):
+                try:
+                    record = decode(value)
+                except CodecError:
+                    record = None
+                if isinstance(record, RetrainRequest):
+                    try:
+                        job = runner.submit(record)
+                    except Exception as exc:  # the job is marked failed with its reason; keep consuming
+                        console.print(f"[red]{record.trigger_key}: {type(exc).__name__}: {exc}[/red]")
+                        job = None
+                    if job is not None:
+                        _print_job(job)
+                # Committed only after the job ran (or was a duplicate): a crash re-reads the
+                # request, and the job folder makes that a resume, never a second job.
+                offsets.commit(topic, partition, offset + 1)
+                offsets.save()
+        log.close()
+        if once:
+            return
+        time.sleep(poll_seconds)
 
 
 def _print_job(job: Any) -> None:
@@ -179,45 +284,24 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def trainer(
         once: Annotated[bool, typer.Option("--once", help="Process what is there, then exit.")] = False,
-        poll_seconds: Annotated[float, typer.Option(help="Wait between polls of the bus.")] = 5.0,
+        poll_seconds: Annotated[float, typer.Option(help="Wait between polls of the bus (embedded mode).")] = 5.0,
+        broker: Broker = None,
+        topic_prefix: TopicPrefix = None,
+        session_timeout_s: Annotated[float, typer.Option(
+            min=6, help="Kafka session timeout: how soon a dead trainer's partitions move to another.")] = 30.0,
         data_dir: DataDir = None,
     ) -> None:
-        """Consume retrain requests: resume crashed jobs, then one job per new trigger key."""
-        from entroloop.bus import LocalLog, OffsetStore
-        from entroloop.codec import CodecError, decode
-        from entroloop.records import RetrainRequest
+        """Consume retrain requests: resume crashed jobs, then one job per new trigger key.
 
-        settings = _settings(data_dir)
-        runner = _runner(settings, None, dry_run=False)
-        for job in runner.resume_all():
-            console.print(f"resumed {job.trigger_key}: {job.state}")
-        offsets = OffsetStore(_training_dir(settings) / "offsets.json")
-        topic = RetrainRequest.topic
-        while True:
-            log = LocalLog(Path(settings.data_dir) / "log", settings.partitions)
-            for partition in range(settings.partitions):
-                start, stop = offsets.get(topic, partition), log.end_offset(topic, partition)
-                for offset, (_key, value) in enumerate(log.read(topic, partition, start, stop), start):
-                    try:
-                        record = decode(value)
-                    except CodecError:
-                        record = None
-                    if isinstance(record, RetrainRequest):
-                        try:
-                            job = runner.submit(record)
-                        except Exception as exc:  # the job is marked failed with its reason; keep consuming
-                            console.print(f"[red]{record.trigger_key}: {type(exc).__name__}: {exc}[/red]")
-                            job = None
-                        if job is not None:
-                            _print_job(job)
-                    # Committed only after the job ran (or was a duplicate): a crash re-reads the
-                    # request, and the job folder makes that a resume, never a second job.
-                    offsets.commit(topic, partition, offset + 1)
-                    offsets.save()
-            log.close()
-            if once:
-                return
-            time.sleep(poll_seconds)
+        From Kafka when ENTROLOOP_KAFKA_BOOTSTRAP or --broker is set, else from the embedded bus.
+        """
+        settings = settings_or_exit(data_dir=data_dir, topic_prefix=topic_prefix,
+                                    kafka_bootstrap=broker_address(broker) if broker else None)
+        if settings.kafka_bootstrap:
+            stats = run_kafka_trainer(settings, _runner(settings, None, dry_run=False), once, session_timeout_s)
+            console.print("trainer: " + " ".join(f"{k}={v}" for k, v in stats.items()))
+            return
+        _consume_bus(settings, once, poll_seconds)
 
     adapters = typer.Typer(help="The adapter registry: list, show, roll back.", no_args_is_help=True)
     app.add_typer(adapters, name="adapters")
