@@ -5,8 +5,10 @@ that ``JobRunner`` records in status.json and as an Action record. Steps are saf
 crash: the data set is rebuilt deterministically (and must give the same digest), training resumes
 from its latest checkpoint, the gate is a pure measurement, registration is idempotent.
 
-Where the records come from is a ``RecordSource``: the embedded bus log, JSON Lines files, or a
-list (tests). Only records of the request's model, up to the end of its window, are used.
+Where the records come from is a ``RecordSource``: the embedded bus log, JSON Lines files, a list
+(tests), or, in distributed mode, ClickHouse plus the WORM audit log (``training.sources``), which
+selects per request (``records_for``) instead of handing over everything. Only records of the
+request's model, up to the end of its window, are used.
 """
 
 from __future__ import annotations
@@ -25,6 +27,18 @@ from training.jobs import Job, Step
 
 class RecordSource(Protocol):
     def records(self) -> Iterable[Event]: ...
+
+
+class RequestRecordSource(Protocol):
+    """A source that selects (and samples) for one request, e.g. ``training.sources.WarehouseSource``."""
+
+    def records_for(self, request: RetrainRequest) -> Iterable[Event]: ...
+
+
+def source_records(source: RecordSource | RequestRecordSource, request: RetrainRequest) -> Iterable[Event]:
+    """The records ``source`` offers for ``request`` (still filtered by ``select_training_records``)."""
+    select = getattr(source, "records_for", None)
+    return select(request) if select is not None else source.records()  # type: ignore[union-attr]
 
 
 @dataclass
@@ -99,7 +113,7 @@ class TrainingPipeline:
     optional callable(adapter_id) run after registration (the canary rollout).
     """
 
-    def __init__(self, settings: Any, source: RecordSource, registry: Any = None,
+    def __init__(self, settings: Any, source: RecordSource | RequestRecordSource, registry: Any = None,
                  train_overrides: dict[str, Any] | None = None, gate_overrides: dict[str, Any] | None = None,
                  progress: bool = True, publish: Callable[[str], dict[str, Any]] | None = None) -> None:
         if not settings.base_model_path:
@@ -133,7 +147,7 @@ class TrainingPipeline:
     # --- steps -------------------------------------------------------------------------------
     def dataset(self, job: Job) -> dict[str, Any]:
         request = job.request
-        bad, audits, feedback = select_training_records(self.source.records(), request)
+        bad, audits, feedback = select_training_records(source_records(self.source, request), request)
         data = build_dataset(
             bad, audits, feedback, replay_ratio=self.settings.train_replay_ratio,
             heldout_fraction=self.settings.train_heldout_fraction,
@@ -201,5 +215,6 @@ class TrainingPipeline:
 
 
 __all__ = [
-    "BusSource", "JsonLinesSource", "MemorySource", "RecordSource", "TrainingPipeline", "select_training_records",
+    "BusSource", "JsonLinesSource", "MemorySource", "RecordSource", "RequestRecordSource", "TrainingPipeline",
+    "select_training_records", "source_records",
 ]
