@@ -104,6 +104,15 @@ class CanaryRouter:
         with self._lock:
             self.canary, self.share = "", 0.0
 
+    @classmethod
+    def from_routing(cls, base_model: str, routing: dict[str, Any]) -> CanaryRouter:
+        """The router as the registry's status history says it is now (``AdapterRegistry.routing``):
+        the durable routing state, shared by every process that reads ClickHouse."""
+        router = cls(base_model, stable=str(routing.get("stable") or ""))
+        if routing.get("canary"):
+            router.set_canary(str(routing["canary"]), float(routing.get("share") or 0.0))
+        return router
+
     def choose(self, request_id: str) -> str:
         with self._lock:
             if self.canary and self.bucket(request_id) < self.share:
@@ -362,17 +371,55 @@ class AdapterPublisher:
         elif decision.kind == "rollback":
             self.rollback(adapter_id, decision.reason, share=decision.share)
 
-    def rollback(self, adapter_id: str, reason: str, share: float = 0.0) -> None:
-        """Route everything back to the stable model first, then unload the adapter everywhere."""
+    def rollback(self, adapter_id: str, reason: str, share: float = 0.0,
+                 restore_to: tuple[str, str] | None = None) -> None:
+        """Route everything back to the stable model first, then unload the adapter everywhere.
+
+        Rolling back the promoted adapter itself routes to ``restore_to`` = (adapter id, folder),
+        its parent, when given and loadable on every server, else to the base model (always served).
+        """
         if self.router.stable == adapter_id:
-            # Rolling back the promoted adapter itself: fall back to the base model (the base is
-            # always served; a superseded parent may no longer be loaded anywhere).
-            self.router.promote(self.router.base_model)
+            restored = restore_to is not None and self.restore(
+                restore_to[0], restore_to[1], f"{adapter_id} rolled back: {reason}")
+            if not restored:
+                self.router.promote(self.router.base_model)
         self.router.clear_canary()
         action = self.actions.record("canary.rolled_back", adapter_id, outcome="rolled_back", reason=reason,
                                      share_at_rollback=share, now_serving=self.router.stable)
         self._status(adapter_id, "rolled_back", 0.0, reason, action)
         self.unload(adapter_id)
+
+    def restore(self, adapter_id: str, path: str, reason: str) -> bool:
+        """Serve ``adapter_id`` (a superseded adapter) as the stable model again: load it on every
+        server that does not list it, route all traffic to it, mark it promoted. False (and an
+        action) if a server cannot load it; the routing is then unchanged."""
+        try:
+            for server in self.servers:
+                if adapter_id not in server.models():
+                    server.load(adapter_id, path)
+        except VllmError as exc:
+            self.actions.record("adapter.restore_failed", adapter_id, outcome="failed", reason=reason, error=str(exc))
+            return False
+        previous = self.router.stable
+        self.router.promote(adapter_id)
+        action = self.actions.record("adapter.restored", adapter_id, reason=reason, previous=previous,
+                                     now_serving=adapter_id)
+        self._status(adapter_id, "promoted", 1.0, reason, action)
+        return True
+
+    def rollback_by_hand(self, adapter_id: str, reason: str, fetch: Callable[[str], str]) -> str:
+        """``entroloop adapters rollback``: the router must come from the registry (``from_routing``).
+        A promoted adapter hands traffic back to its parent (fetched by ``fetch(id) -> folder`` and
+        re-loaded where needed) if the parent was superseded by it, else to the base model; a canary
+        is cut off. Returns what now serves the model."""
+        restore = None
+        share = self.router.share if self.router.canary == adapter_id else 0.0
+        if self.registry is not None and self.router.stable == adapter_id:
+            parent = self.registry.manifest(adapter_id).parent_adapter
+            if parent and self.registry.status(parent) == "superseded":
+                restore = (parent, fetch(parent))
+        self.rollback(adapter_id, reason, share=share, restore_to=restore)
+        return self.router.stable
 
 
 __all__ = [

@@ -194,6 +194,21 @@ class AdapterRegistry:
         keys = ["adapter_id", "registered_at", "model", "parent_adapter", "trigger_key", "dataset_digest", "status"]
         return [dict(zip(keys, row)) for row in rows]
 
+    def routing(self, model: str) -> dict[str, Any]:
+        """Who serves ``model`` now, from the status history: the promoted adapter ("" = the base
+        model) and the canary with its share. This is the durable routing state: a router in any
+        process (``CanaryRouter.from_routing``) and an operator read the same answer."""
+        rows = self.client.query(
+            f"SELECT adapter_id, argMax(status, at), argMax(share, at), max(at) FROM {self.database}.adapter_status "
+            f"WHERE adapter_id IN (SELECT adapter_id FROM {self.database}.adapters WHERE model = %(m)s) "
+            "GROUP BY adapter_id ORDER BY max(at)",
+            parameters={"m": model},
+        ).result_rows
+        canaries = [(adapter_id, share) for adapter_id, status, share, _at in rows if status == "canary"]
+        canary, share = canaries[-1] if canaries else ("", 0.0)
+        # share is Float32 in ClickHouse: rounded back to what was written
+        return {"model": model, "stable": self.promoted(model), "canary": canary, "share": round(float(share), 6)}
+
     def promoted(self, model: str) -> str:
         """The model's adapter currently promoted ("" for the base model)."""
         for row in reversed(self.list(model)):

@@ -118,6 +118,31 @@ def _warehouse_source(settings: Any, registry: Any = None):
                            negative_rating=settings.badcase_negative_rating)
 
 
+def _served(settings: Any, registry: Any, adapter_id: str) -> Path:
+    """The adapter's files, checked against its manifest, in the folder the vLLM servers load from."""
+    served = Path(settings.adapter_store_dir or Path(settings.data_dir) / "adapters") / "served" / adapter_id
+    registry.fetch(adapter_id, served)  # every file checked against the manifest
+    return served.resolve()
+
+
+def rollback_adapter(settings: Any, registry: Any, actions: Any, adapter_id: str, reason: str) -> str:
+    """Roll ``adapter_id`` back by hand; return the model (adapter id or base) that now serves.
+
+    The router is rebuilt from the registry's status history (the durable routing state), so the
+    rollback knows whether the adapter is the promoted one or a canary; the new routing is written
+    back there (``adapter_status``) and every step is an Action record.
+    """
+    from training.publisher import AdapterPublisher, CanaryPolicy, CanaryRouter, VllmLoraClient
+
+    model = registry.manifest(adapter_id).model
+    router = CanaryRouter.from_routing(settings.base_model_name or model, registry.routing(model))
+    publisher = AdapterPublisher(
+        [VllmLoraClient(url) for url in settings.vllm_servers], router,
+        lambda *_: None, CanaryPolicy.from_settings(settings), actions, registry,  # type: ignore[arg-type,return-value]
+    )
+    return publisher.rollback_by_hand(adapter_id, reason, lambda parent: str(_served(settings, registry, parent)))
+
+
 def _rollout(settings: Any, registry: Any, actions: Any):
     """The job's last step when ENTROLOOP_VLLM_SERVERS is set: load the accepted adapter into every
     server and run the canary. The share of each stage is recorded in ``adapter_status``, which is
@@ -132,15 +157,14 @@ def _rollout(settings: Any, registry: Any, actions: Any):
 
     def publish(adapter_id: str) -> dict[str, Any]:
         model = registry.manifest(adapter_id).model
-        served = Path(settings.adapter_store_dir or Path(settings.data_dir) / "adapters") / "served" / adapter_id
-        registry.fetch(adapter_id, served)  # every file checked against the manifest
+        served = _served(settings, registry, adapter_id)
         router = CanaryRouter(settings.base_model_name or model, stable=registry.promoted(model))
         publisher = AdapterPublisher(
             [VllmLoraClient(url) for url in settings.vllm_servers], router,
             ClickHouseCanaryMetrics(registry.client, registry.database), CanaryPolicy.from_settings(settings),
             actions, registry,
         )
-        result = publisher.rollout(adapter_id, str(served.resolve()))
+        result = publisher.rollout(adapter_id, str(served))
         return result.to_dict()
 
     return publish
@@ -350,24 +374,13 @@ def register(app: typer.Typer) -> None:
         reason: Annotated[str, typer.Option(help="Why (goes into the action record).")] = "manual rollback",
         data_dir: DataDir = None,
     ) -> None:
-        """Unload an adapter from every vLLM server (ENTROLOOP_VLLM_SERVERS) and mark it rolled back."""
-        from training.publisher import (
-            AdapterPublisher,
-            CanaryPolicy,
-            CanaryRouter,
-            VllmLoraClient,
-        )
-
+        """Route the adapter's traffic back (to its parent if it superseded one, else to the base model),
+        unload it from every vLLM server (ENTROLOOP_VLLM_SERVERS) and mark it rolled back."""
         settings = _settings(data_dir)
         actions = _actions(settings)
         registry = _registry(settings, actions)
         if registry.status(adapter_id) is None:
             console.print(f"[red]no adapter {adapter_id!r}[/red]")
             raise typer.Exit(2)
-        router = CanaryRouter(settings.base_model_name or "base", stable=adapter_id)
-        publisher = AdapterPublisher(
-            [VllmLoraClient(url) for url in settings.vllm_servers], router,
-            lambda *_: None, CanaryPolicy.from_settings(settings), actions, registry,  # type: ignore[arg-type,return-value]
-        )
-        publisher.rollback(adapter_id, reason)
-        console.print(f"{adapter_id}: rolled back; now serving {router.stable}")
+        now_serving = rollback_adapter(settings, registry, actions, adapter_id, reason)
+        console.print(f"{adapter_id}: rolled back; now serving {now_serving}")
