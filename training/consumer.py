@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from entroloop.codec import CodecError, decode, dead_letter_fields
+from entroloop.codec import CodecError, dead_letter_fields, decode
 from entroloop.ids import derived_event_id
 from entroloop.records import DeadLetter, Event, RetrainRequest
 from training.jobs import Job, JobBusy, JobRunner
@@ -92,7 +92,7 @@ class JobWorker:
                 log.info("job %s: %s", status.get("trigger_key"), state)
             except JobBusy:
                 self.stats.jobs_busy += 1  # another trainer process runs it
-            except Exception:  # noqa: BLE001 - the runner marked the job failed with its reason
+            except Exception:
                 self.stats.jobs_failed += 1
                 log.exception("job %s failed", job.folder.name)
             finally:
@@ -233,4 +233,4 @@ class RetrainConsumer:
         )
 
 
-__all__ = ["JobWorker", "RETRAIN_TOPIC", "RetrainConsumer", "TrainerStats"]
+__all__ = ["RETRAIN_TOPIC", "JobWorker", "RetrainConsumer", "TrainerStats"]

@@ -132,7 +132,12 @@ def rollback_adapter(settings: Any, registry: Any, actions: Any, adapter_id: str
     rollback knows whether the adapter is the promoted one or a canary; the new routing is written
     back there (``adapter_status``) and every step is an Action record.
     """
-    from training.publisher import AdapterPublisher, CanaryPolicy, CanaryRouter, VllmLoraClient
+    from training.publisher import (
+        AdapterPublisher,
+        CanaryPolicy,
+        CanaryRouter,
+        VllmLoraClient,
+    )
 
     model = registry.manifest(adapter_id).model
     router = CanaryRouter.from_routing(settings.base_model_name or model, registry.routing(model))

@@ -19,11 +19,10 @@ from entroloop import codec
 from entroloop.kafka_topics import ensure_topics
 from entroloop.records import Action, DeadLetter, RetrainRequest
 from entroloop.topics import TOPIC_BY_TYPE
-from training.jobs import JobStore
-
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_publisher_kafka import consume_all
 from tests.unit.training.training_records import feedback, retrain_request
+from training.jobs import JobStore
 
 pytestmark = pytest.mark.kafka
 
