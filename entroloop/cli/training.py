@@ -111,9 +111,12 @@ def _warehouse_source(settings: Any, registry: Any = None):
     from sinks.clickhouse.client import connect
     from training.sources import WarehouseSource
 
-    client = registry.client if registry is not None else connect(
-        settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
-    return WarehouseSource(client, settings.clickhouse_database, open_worm_store(settings),
+    if registry is not None:  # the registry's connection (chDB allows one per data folder)
+        client, database = registry.client, registry.database
+    else:
+        client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
+        database = settings.clickhouse_database
+    return WarehouseSource(client, database, open_worm_store(settings),
                            replay_ratio=settings.train_replay_ratio,
                            negative_rating=settings.badcase_negative_rating)
 

@@ -35,8 +35,11 @@ def test_train_command_registers_once_and_adapters_commands_read_it(tmp_path, ti
     records = write_jsonl(correction_records(replay_pairs), tmp_path / "records.jsonl")
     request = tmp_path / "request.json"
     request.write_bytes(msgspec.json.encode(retrain_request("cli-key")))
+    # The embedded mode: `make test` exports the test broker's ENTROLOOP_KAFKA_BOOTSTRAP, which
+    # would switch the commands to Kafka, so no ENTROLOOP_ variable is inherited.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("ENTROLOOP_")}
     env = {
-        **os.environ, "PYTHONPATH": str(REPO), "ENTROLOOP_DATA_DIR": str(tmp_path / "data"),
+        **inherited, "PYTHONPATH": str(REPO), "ENTROLOOP_DATA_DIR": str(tmp_path / "data"),
         "ENTROLOOP_BASE_MODEL_PATH": str(tiny_base_model), "ENTROLOOP_TRAIN_MAX_STEPS": "150",
         "ENTROLOOP_TRAIN_BATCH_ROWS": "4", "ENTROLOOP_TRAIN_SEQ_LEN": "128", "ENTROLOOP_TRAIN_LEARNING_RATE": "0.02",
         "ENTROLOOP_TRAIN_REPLAY_RATIO": "0.5", "ENTROLOOP_TRAIN_CPU_THREADS": "1", "ENTROLOOP_GATE_EXTRA_TOKENS": "0",

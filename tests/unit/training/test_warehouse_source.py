@@ -87,3 +87,22 @@ def test_accepted_traffic_by_audit_id_and_bad_cases_from_clickhouse(chdb_client,
 
 def _fields(record) -> dict:
     return {f: getattr(record, f) for f in record.__struct_fields__}
+
+
+def test_cli_picks_the_warehouse_source_in_distributed_mode(chdb_client, ch_database, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from entroloop.cli.training import _source
+    from entroloop.settings import Settings
+    from training.pipeline import BusSource, JsonLinesSource
+
+    request, accepted = _fixture(chdb_client, ch_database, tmp_path / "data" / "worm")
+    registry = SimpleNamespace(client=chdb_client, database=ch_database)
+    distributed = Settings(data_dir=tmp_path / "data", kafka_bootstrap="127.0.0.1:9", audit_store="local")
+    source = _source(distributed, None, registry)
+    assert isinstance(source, WarehouseSource)
+    audits = [r for r in source.records_for(request) if isinstance(r, Audit)]
+    assert audits and {a.audit_id for a in audits} <= set(accepted)
+    embedded = Settings(data_dir=tmp_path / "data", kafka_bootstrap="")
+    assert isinstance(_source(embedded, None, registry), BusSource)
+    assert isinstance(_source(distributed, [tmp_path / "r.jsonl"], registry), JsonLinesSource)
