@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from entroloop.codec import CodecError, decode, dead_letter_fields, encode
+from entroloop.codec import CodecError, dead_letter_fields, decode_many, encode
 from entroloop.ids import derived_event_id
 from entroloop.records import DeadLetter, Event
 from entroloop.settings import Settings
@@ -400,17 +400,14 @@ class KafkaSinkConsumer:
         pairs: list[tuple[int, Event]] = []
         dead: list[DeadLetter] = []
         record_type = TOPIC_BY_NAME[state.topic].record_type
-        limit = self.settings.max_record_bytes
-        for message in messages:
-            value = message.value() or b""
-            try:
-                record = decode(value, limit)
-                if not isinstance(record, record_type):
-                    err = CodecError(f"a {type(record).__name__} record on topic {state.topic}")
-                    err.error_type = "wrong_topic"
-                    raise err
-            except CodecError as err:
-                dead.append(self._dead_letter(state, message, value, err))
+        values = [message.value() or b"" for message in messages]
+        # one batch decode (the collector paused for it); each item is a record or its CodecError
+        for message, value, record in zip(messages, values, decode_many(values, self.settings.max_record_bytes)):
+            if not isinstance(record, CodecError) and not isinstance(record, record_type):
+                record = CodecError(f"a {type(record).__name__} record on topic {state.topic}")
+                record.error_type = "wrong_topic"
+            if isinstance(record, CodecError):
+                dead.append(self._dead_letter(state, message, value, record))
                 continue
             pairs.append((message.offset(), record))
         return pairs, dead

@@ -16,7 +16,9 @@ from entroloop.codec import (
     RecordTooLarge,
     UnsupportedSchemaVersion,
     decode,
+    decode_many,
     encode,
+    gc_paused,
 )
 from entroloop.ids import NodeStamper
 from entroloop.records import (
@@ -144,3 +146,54 @@ def test_oversized_record_is_rejected_before_parsing():
 def test_negative_zero_entropy_is_a_valid_zero():
     record = TokenEntropy(**common("r"), model="m", entropies=pack_entropies([-0.0, 2.0]))
     assert decode(encode(record)).values().tolist() == [0.0, 2.0]
+
+
+def _outcome(data: bytes, max_bytes: int) -> object:
+    """What ``decode`` makes of ``data``: the record, or (error type, class, reason)."""
+    try:
+        return decode(data, max_bytes)
+    except CodecError as err:
+        return (type(err), err.error_type, err.reason)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.one_of(record_strategies).map(encode), st.binary(max_size=120)), max_size=30))
+def test_decode_many_gives_each_payload_what_decode_gives_it(payloads):
+    """Valid records and poison in one batch: each item is decode's record or decode's error, in order."""
+    limit = 400  # some generated records exceed it: too_large must be per item too
+    got = decode_many(payloads, limit)
+    assert len(got) == len(payloads)
+    for data, item in zip(payloads, got):
+        expected = _outcome(data, limit)
+        if isinstance(item, CodecError):
+            assert (type(item), item.error_type, item.reason) == expected
+        else:
+            assert item == expected
+
+
+def test_decode_many_keeps_a_poison_record_with_its_reason_between_good_ones():
+    good = [encode(Span(**common(f"r{i}"), span_id="s", name="llm_request", start_time=1.0, end_time=2.0)) for i in range(3)]
+    raw = msgspec.msgpack.decode(encode(TokenEntropy(**common("r-nan"), model="m", entropies=pack_entropies([1.0]))))
+    raw["entropies"] = pack_entropies([math.nan])
+    nan = msgspec.msgpack.encode(raw)
+    got = decode_many([good[0], nan, good[1], b"\xc1", good[2]])
+    assert [type(x).__name__ for x in got] == ["Span", "MalformedRecord", "Span", "MalformedRecord", "Span"]
+    assert "NaN" in got[1].reason
+    assert [x.request_id for x in got if isinstance(x, Span)] == ["r0", "r1", "r2"]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_gc_paused_restores_the_collector_state(enabled):
+    import gc
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled
+        with pytest.raises(RuntimeError), gc_paused():
+            raise RuntimeError("boom")
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
