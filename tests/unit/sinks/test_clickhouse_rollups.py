@@ -172,6 +172,26 @@ def test_upgrade_from_0001_backfills_rollups(client, database, monkeypatch):
     assert total == len(old[TOPIC_BY_NAME["entroloop.audit.v1"].name]) + len(new["entroloop.audit.v1"])
 
 
+def test_upgrade_to_0004_recompresses_entropies_and_keeps_old_rows(client, database, monkeypatch):
+    """0004 only changes the entropies codec: rows written before it read back unchanged."""
+    before_0004 = [m for m in available_migrations() if m.version < 4]
+    monkeypatch.setattr("sinks.clickhouse.schema.available_migrations", lambda: before_0004)
+    sink = ClickHouseSink(client, database)
+    old = sample_records(200, seed=11)
+    _write_all(sink, old)
+    monkeypatch.undo()
+    sql = f"SELECT event_id, entropies FROM {database}.token_entropy FINAL ORDER BY event_id"
+    stored = _rows(client, sql)
+
+    assert [m.version for m in migrate(client, database)] == [4]
+    codec = _rows(client, f"SELECT compression_codec FROM system.columns WHERE database = '{database}' "
+                          "AND table = 'token_entropy' AND name = 'entropies'")
+    assert codec == [("CODEC(ZSTD(1))",)]
+    client.command(f"OPTIMIZE TABLE {database}.token_entropy FINAL")  # rewrites the parts with the new codec
+    assert _rows(client, sql) == stored and len(stored) == len(old["entroloop.tokens.v1"])
+    _assert_rollups_match_raw(client, database)
+
+
 def test_redelivered_batches_do_not_double_count(client, database):
     sink = ClickHouseSink(client, database)
     records = sample_records(400, seed=8)
