@@ -627,18 +627,7 @@ class PrefixedClickHouseTarget:
         self.prefix = prefix
 
     def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event]) -> int:
-        from sinks.clickhouse.arrow_rows import build_table
-        from sinks.clickhouse.writer import batch_token, insert_settings
-
-        if not records:
-            return 0
-        table = TOPIC_BY_NAME[topic].table
-        arrow = build_table(table, self.sink.columns(table), records)
-        token = batch_token(self.prefix + topic, [(partition, first_offset, last_offset)])
-        self.sink.client.insert_arrow(f"{self.sink.database}.{table}", arrow, settings=insert_settings(token))
-        self.sink.inserts += 1
-        self.sink.rows_written += len(records)
-        return len(records)
+        return self.sink.insert(topic, [(partition, first_offset, last_offset)], records, token_prefix=self.prefix)
 
 
 def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkConsumer:

@@ -232,3 +232,18 @@ def test_batcher_inserts_each_topic_once_and_a_redelivered_cut_is_dropped(client
     assert sink.inserts == 2  # one insert per flush holding all three partitions
     assert _rows(client, f"SELECT count() FROM {database}.audit_index")[0][0] == 90
     assert _rows(client, f"SELECT sum(requests) FROM {database}.requests_1m")[0][0] == 90
+
+
+def test_prefixed_targets_sharing_a_database_keep_apart_and_drop_their_own_redelivery(client, database):
+    """Two deployments (topic prefixes) write equal offsets into one database: neither token matches the other."""
+    from sinks.kafka_sink import PrefixedClickHouseTarget
+
+    sink = ClickHouseSink(client, database)
+    topic = "entroloop.spans.v1"
+    first, second = sample_records(20, seed=13)[topic], sample_records(20, seed=14)[topic]
+    first, second = first[:20], second[:20]
+    PrefixedClickHouseTarget(sink, "tenant-a.").write(topic, 0, 0, 19, first)
+    PrefixedClickHouseTarget(sink, "tenant-b.").write(topic, 0, 0, 19, second)
+    PrefixedClickHouseTarget(sink, "tenant-a.").write(topic, 0, 0, 19, first)  # redelivered: dropped
+    assert _rows(client, f"SELECT count() FROM {database}.spans")[0][0] == 40
+    assert sink.inserts == 3 and sink.stage_seconds["insert"] > 0
