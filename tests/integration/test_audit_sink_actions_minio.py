@@ -63,12 +63,13 @@ def _run_audit_sink(bootstrap: str, prefix: str, endpoint: str, bucket: str, dat
     return subprocess.run(
         [sys.executable, "-m", "entroloop.cli", "sink", "audit", "--until-empty", "--json", "--session-timeout-s", "6",
          "--batch-rows", str(batch_rows), "--batch-seconds", "0.5"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
 
 
-def test_audit_sink_stores_action_records_in_the_object_lock_store(kafka_bootstrap, topic_prefix, locked_bucket,
-                                                                   minio_endpoint, tmp_path):  # noqa: F811
+def test_audit_sink_stores_action_records_in_the_object_lock_store(
+    kafka_bootstrap, topic_prefix, locked_bucket, minio_endpoint, tmp_path  # noqa: F811  (fixtures)
+):
     client, bucket = locked_bucket
     audits = sample_records(40, seed=61)[Audit.topic]
     actions = sample_actions(90, alerts=9)

@@ -49,7 +49,7 @@ def logged(tmp_path: Path) -> tuple[LocalWormStore, list[Audit], list[Action]]:
 
 
 def test_actions_get_their_schema_folders_and_chains(logged):
-    store, _, actions = logged
+    store, _, _ = logged
     action_files = store.list("actions/")
     assert action_files and all(k.endswith(".parquet") for k in action_files)
     for key in action_files:
