@@ -38,6 +38,10 @@ class Event(msgspec.Struct, kw_only=True, tag_field="kind", omit_defaults=False)
     topic: ClassVar[str]
 
 
+# High bytes of the little-endian float16 values that are finite and >= 0 (bits below 0x7C00).
+_FLOAT16_HIGH_BYTES_BELOW_INF = bytes(range(0x7C))
+
+
 class TokenEntropy(Event, tag="token_entropy"):
     """Full-vocabulary Shannon entropy (nats) of each generated token, packed as little-endian float16.
 
@@ -61,10 +65,12 @@ class TokenEntropy(Event, tag="token_entropy"):
     def __post_init__(self) -> None:
         if len(self.entropies) % 2:
             raise ValueError("entropies must be a packed float16 array (even number of bytes)")
-        # Runs on every decode, so the common case is one integer reduction over the raw halves:
-        # a float16 whose bits are >= 0x7C00 is Inf/NaN (exponent all ones) or negative (sign bit).
-        bits = np.frombuffer(self.entropies, dtype="<u2")
-        if bits.size and int(bits.max()) >= 0x7C00:
+        # Runs on every decode, so the common case is one C pass over the high bytes: a float16
+        # whose bits are >= 0x7C00 (high byte >= 0x7C) is Inf/NaN (exponent all ones) or negative
+        # (sign bit). Deleting the bytes below 0x7C leaves nothing for valid data (~5x cheaper than
+        # a numpy view and reduction per record); numpy looks closer only when something is left.
+        if self.entropies[1::2].translate(None, _FLOAT16_HIGH_BYTES_BELOW_INF):
+            bits = np.frombuffer(self.entropies, dtype="<u2")
             bad = bits[(bits >= 0x7C00) & (bits != 0x8000)]  # -0.0 is a harmless zero
             if bad.size:
                 value = float(bad.view("<f2")[0])

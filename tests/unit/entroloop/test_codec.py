@@ -197,3 +197,18 @@ def test_gc_paused_restores_the_collector_state(enabled):
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=0xFFFF), max_size=40))
+def test_entropy_check_accepts_exactly_the_finite_non_negative_halves(halves):
+    """Any bit pattern: decoded iff every float16 is finite and >= 0 (-0.0 counts as 0), else a named reason."""
+    raw = msgspec.msgpack.decode(encode(TokenEntropy(**common("r"), model="m")))
+    raw["entropies"] = np.asarray(halves, dtype="<u2").tobytes()
+    values = np.asarray(halves, dtype="<u2").view("<f2")
+    valid = all(np.isfinite(v) and (v >= 0) for v in values)
+    if valid:
+        assert decode(msgspec.msgpack.encode(raw)).entropies == raw["entropies"]
+    else:
+        with pytest.raises(MalformedRecord, match="NaN or Inf|>= 0 nats"):
+            decode(msgspec.msgpack.encode(raw))
