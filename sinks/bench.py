@@ -13,10 +13,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from entroloop.codec import decode, encode
+from entroloop.codec import decode_many, encode
 from entroloop.ids import uuid7
 from entroloop.records import Audit, Event, Span, TokenEntropy, pack_entropies
 
@@ -77,32 +78,50 @@ def audit_records(n: int, seed: int = 3, start: float | None = None) -> Iterator
         )
 
 
-def clickhouse_rows_per_s(rows: int = 200_000, batch_rows: int = 50_000, with_decode: bool = True) -> dict[str, float]:
-    """Rows/s one sink process inserts into chDB per table: (decode +) Arrow build + insert."""
-    from sinks.clickhouse.client import connect
+CLICKHOUSE_STAGES = ("decode", "arrow", "insert")
+
+
+def clickhouse_rows_per_s(rows: int = 200_000, batch_rows: int = 50_000, client: Any = None,
+                          database: str = "bench") -> dict[str, dict[str, float]]:
+    """Rows/s one sink process inserts into chDB per table, end to end and per stage.
+
+    The production path on MessagePack payloads: ``decode_many`` (validation included), then
+    ``ClickHouseSink.write`` (Arrow build + one idempotent insert per batch, rollup views firing).
+    Per table: ``end_to_end`` (all stages, one after the other, as a sink runs them) and the rate
+    of each stage alone (``decode``, ``arrow``, ``insert``), so the stage that caps it is visible.
+    Without ``client`` it runs in a chDB folder of its own (chDB opens one folder per process).
+    """
+    if client is None:
+        from sinks.clickhouse.client import connect
+
+        with tempfile.TemporaryDirectory(prefix="bench-chdb-") as folder:
+            own = connect(f"chdb://{folder}")
+            try:
+                return clickhouse_rows_per_s(rows, batch_rows, own, database)
+            finally:
+                own.close()
     from sinks.clickhouse.writer import ClickHouseSink
 
-    figures: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-chdb-") as folder:
-        client = connect(f"chdb://{folder}")
-        try:
-            sink = ClickHouseSink(client, "bench")
-            for name, make in (("token_entropy", token_records), ("spans", span_records)):
-                records: list[Event] = make(rows)
-                payloads = [encode(r) for r in records] if with_decode else []
-                topic = records[0].topic
-                started = time.perf_counter()
-                for first in range(0, rows, batch_rows):
-                    if with_decode:
-                        batch = [decode(p) for p in payloads[first : first + batch_rows]]
-                    else:
-                        batch = records[first : first + batch_rows]
-                    sink.write(topic, 0, first, first + len(batch) - 1, batch)
-                seconds = time.perf_counter() - started
-                assert sink.count(name) == rows
-                figures[name] = rows / seconds
-        finally:
-            client.close()
+    sink = ClickHouseSink(client, database)
+    figures: dict[str, dict[str, float]] = {}
+    for name, make in (("token_entropy", token_records), ("spans", span_records)):
+        records: list[Event] = make(rows)
+        payloads = [encode(r) for r in records]
+        topic = records[0].topic
+        del records
+        before = dict(sink.stage_seconds)
+        decode_seconds = 0.0
+        loop_started = time.perf_counter()
+        for first in range(0, rows, batch_rows):
+            started = time.perf_counter()
+            batch = decode_many(payloads[first : first + batch_rows])
+            decode_seconds += time.perf_counter() - started
+            sink.write(topic, 0, first, first + len(batch) - 1, batch)
+        total_seconds = time.perf_counter() - loop_started
+        seconds = {"decode": decode_seconds, **{k: sink.stage_seconds[k] - before[k] for k in before}}
+        if sink.count(name) != rows:
+            raise RuntimeError(f"benchmark table {name} holds {sink.count(name)} rows, expected {rows}")
+        figures[name] = {"end_to_end": rows / total_seconds, **{stage: rows / seconds[stage] for stage in CLICKHOUSE_STAGES}}
     return figures
 
 

@@ -8,6 +8,7 @@ otherwise as a top-level ``bench-sinks`` command.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -21,39 +22,63 @@ CLICKHOUSE_TARGET_ROWS_S = 200_000
 VERIFY_TARGET_EVENTS_S = 100_000  # 1M events per 10 s
 
 
+STAGE_LABELS = {"end_to_end": "decode + Arrow + insert", "decode": "decode only", "arrow": "Arrow build only",
+                "insert": "insert only (rollup views firing)"}
+
+
 def sinks(
     rows: Annotated[int, typer.Option(help="Rows per table inserted into chDB.")] = 300_000,
     batch_rows: Annotated[int, typer.Option(help="Rows per insert (the sink batch bound).")] = 50_000,
     audit_events: Annotated[int, typer.Option(help="Audit records written and then verified.")] = 1_000_000,
+    baseline: Annotated[Path | None, typer.Option(
+        help="JSON of an earlier run (--json) of another build, e.g. the previous commit measured just before "
+             "on the same machine: the report gives each chDB figure as a ratio to it.")] = None,
     out: Annotated[Path, typer.Option("--out", help="BENCHMARKS.md to update (when the bench report module exists).")] = Path("BENCHMARKS.md"),
     as_json: Annotated[bool, typer.Option("--json", help="End with the figures as one JSON line.")] = False,
 ) -> None:
-    """Measure the sinks: chDB rows/s (decode + Arrow + insert), Parquet MB/s, verify events/s."""
+    """Measure the sinks: chDB rows/s (end to end and per stage), Parquet MB/s, verify events/s."""
     from sinks import bench
 
+    load_before = os.getloadavg()[0]
     with console.status("chDB inserts (decode + Arrow + insert)"):
-        with_decode = bench.clickhouse_rows_per_s(rows, batch_rows, with_decode=True)
-    with console.status("chDB inserts (Arrow + insert)"):
-        insert_only = bench.clickhouse_rows_per_s(rows, batch_rows, with_decode=False)
+        stages = bench.clickhouse_rows_per_s(rows, batch_rows)
+    load = max(load_before, os.getloadavg()[0])  # other work on the machine slows every figure
     with console.status(f"writing {audit_events:,} audit records, then verifying") as status:
         audit = bench.audit_write_and_verify(
             audit_events, progress=lambda n: status.update(f"audit records written: {n:,}/{audit_events:,}")
         )
-    table = Table("figure", "value", "target")
-    for name, value in with_decode.items():
-        table.add_row(f"chDB rows/s, {name} (decode+Arrow+insert)", f"{value:,.0f}", f"≥ {CLICKHOUSE_TARGET_ROWS_S:,}")
-    for name, value in insert_only.items():
-        table.add_row(f"chDB rows/s, {name} (Arrow+insert)", f"{value:,.0f}", f"≥ {CLICKHOUSE_TARGET_ROWS_S:,}")
-    table.add_row("audit Parquet written, MB/s", f"{audit['parquet_mb_per_s']:.1f}", "")
-    table.add_row("audit records written/s", f"{audit['audit_records_per_s']:,.0f}", "")
+    previous = _baseline_rows_per_s(baseline) if baseline else {}
+    table = Table("figure", "value", "target", "vs baseline")
+    for name, by_stage in stages.items():
+        for stage, value in by_stage.items():
+            ratio = f"{value / previous[name]:.2f}×" if stage == "end_to_end" and name in previous else ""
+            target = f"≥ {CLICKHOUSE_TARGET_ROWS_S:,}" if stage == "end_to_end" else ""
+            table.add_row(f"chDB rows/s, {name} ({STAGE_LABELS[stage]})", f"{value:,.0f}", target, ratio)
+    table.add_row("load average (1 min) while inserting", f"{load:.2f}", "", "")
+    table.add_row("audit Parquet written, MB/s", f"{audit['parquet_mb_per_s']:.1f}", "", "")
+    table.add_row("audit records written/s", f"{audit['audit_records_per_s']:,.0f}", "", "")
     table.add_row(f"verify {audit_events:,} audited events, s", f"{audit['verify_seconds']:.2f}",
-                  f"≤ {audit_events / VERIFY_TARGET_EVENTS_S:.0f}")
-    table.add_row("verify, events/s", f"{audit['verify_events_per_s']:,.0f}", f"≥ {VERIFY_TARGET_EVENTS_S:,}")
+                  f"≤ {audit_events / VERIFY_TARGET_EVENTS_S:.0f}", "")
+    table.add_row("verify, events/s", f"{audit['verify_events_per_s']:,.0f}", f"≥ {VERIFY_TARGET_EVENTS_S:,}", "")
     Console().print(table)
-    figures = {"clickhouse_rows_per_s": with_decode, "clickhouse_insert_only_rows_per_s": insert_only, "audit": audit}
+    figures = {
+        "clickhouse_rows_per_s": {name: by_stage["end_to_end"] for name, by_stage in stages.items()},
+        "clickhouse_stage_rows_per_s": stages,
+        "clickhouse_baseline_rows_per_s": previous,
+        "load_average": load,
+        "audit": audit,
+    }
     _write_report(figures, out)
     if as_json:
         print(json.dumps(figures))
+
+
+def _baseline_rows_per_s(path: Path) -> dict[str, float]:
+    """End-to-end chDB rows/s per table from the last JSON line of an earlier ``--json`` run."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    if not lines:
+        raise typer.BadParameter(f"{path} holds no JSON line of `entroloop bench sinks --json`")
+    return {name: float(v) for name, v in json.loads(lines[-1])["clickhouse_rows_per_s"].items()}
 
 
 def _write_report(figures: dict, out: Path) -> None:
@@ -63,12 +88,19 @@ def _write_report(figures: dict, out: Path) -> None:
     except ImportError:
         return
     section = "Sinks"
-    rows = [
-        Figure(section, f"chDB rows/s per sink process, {name} (decode + Arrow + insert)", value, "rows/s",
-               target=f">= {CLICKHOUSE_TARGET_ROWS_S:,}", met=value >= CLICKHOUSE_TARGET_ROWS_S,
-               baseline="row-by-row inserts")
-        for name, value in figures["clickhouse_rows_per_s"].items()
-    ]
+    load = f"load average {figures['load_average']:.1f} on the machine while measuring"
+    previous = figures["clickhouse_baseline_rows_per_s"]
+    rows = []
+    for name, by_stage in figures["clickhouse_stage_rows_per_s"].items():
+        value = by_stage["end_to_end"]
+        baseline = (f"{value / previous[name]:.2f}× the baseline build ({previous[name]:,.0f} rows/s, same machine, "
+                    "measured just before)") if name in previous else "row-by-row inserts"
+        rows.append(Figure(section, f"chDB rows/s per sink process, {name} (decode + Arrow + insert)", value, "rows/s",
+                           target=f">= {CLICKHOUSE_TARGET_ROWS_S:,}", met=value >= CLICKHOUSE_TARGET_ROWS_S,
+                           baseline=baseline, note=load))
+        rows += [Figure(section, f"chDB rows/s, {name}: {STAGE_LABELS[stage]}", by_stage[stage], "rows/s",
+                        note="one stage alone: the slowest caps the sink")
+                 for stage in ("decode", "arrow", "insert")]
     audit = figures["audit"]
     rows += [
         Figure(section, "audit Parquet written (zstd)", audit["parquet_mb_per_s"], "MB/s"),
