@@ -138,6 +138,8 @@ def test_killed_trainer_resumes_its_job_and_starts_no_second(kafka_bootstrap, to
         store = JobStore(root)
         wait_for(lambda: (job := store.get(key)) is not None and job.status().get("progress") == "hanging",
                  what="the job to reach its train step")
+        # what the first process published before the crash (the node publisher's queue is in memory)
+        assert len(actions_on_topic(kafka_bootstrap, topic_prefix, 2)) == 2
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
