@@ -21,7 +21,6 @@ Canary (the 3-3-3 protocol: three stages, each ``stage_seconds`` long, each need
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -31,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from entroloop.adapter_routing import AdapterRouting, bucket
 from training.actions import ActionLog
 
 
@@ -78,46 +78,61 @@ class VllmLoraClient:
 
 
 class CanaryRouter:
-    """Which model serves a request: the canary adapter for a sticky share of request ids."""
+    """Which model serves a request: the canary adapter for a sticky share of request ids.
+
+    A mutable, thread-safe holder of an ``AdapterRouting`` (``entroloop.adapter_routing``): the
+    decision itself is the shared one the gateway makes on live traffic, so this process's view and
+    the serving path agree on which keys the canary gets."""
 
     def __init__(self, base_model: str, stable: str = "") -> None:
-        self.base_model = base_model
-        self.stable = stable or base_model  # the promoted adapter, or the base model
-        self.canary = ""
-        self.share = 0.0
+        self._state = AdapterRouting(base_model).promoted(stable or base_model)
         self._lock = threading.Lock()
 
-    @staticmethod
-    def bucket(request_id: str) -> float:
-        """A request id's fixed position in [0, 1): the same request always routes the same way."""
-        return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big") / 2**64
+    bucket = staticmethod(bucket)
+
+    @property
+    def state(self) -> AdapterRouting:
+        return self._state
+
+    @property
+    def base_model(self) -> str:
+        return self._state.model
+
+    @property
+    def stable(self) -> str:
+        """The promoted adapter, or the base model."""
+        return self._state.served_stable
+
+    @property
+    def canary(self) -> str:
+        return self._state.canary
+
+    @property
+    def share(self) -> float:
+        return self._state.share
 
     def set_canary(self, adapter: str, share: float) -> None:
         with self._lock:
-            self.canary, self.share = adapter, share
+            self._state = self._state.with_canary(adapter, share)
 
     def promote(self, adapter: str) -> None:
         with self._lock:
-            self.stable, self.canary, self.share = adapter, "", 0.0
+            self._state = self._state.promoted(adapter)
 
     def clear_canary(self) -> None:
         with self._lock:
-            self.canary, self.share = "", 0.0
+            self._state = self._state.without_canary()
 
     @classmethod
     def from_routing(cls, base_model: str, routing: dict[str, Any]) -> CanaryRouter:
         """The router as the registry's status history says it is now (``AdapterRegistry.routing``):
         the durable routing state, shared by every process that reads ClickHouse."""
-        router = cls(base_model, stable=str(routing.get("stable") or ""))
-        if routing.get("canary"):
-            router.set_canary(str(routing["canary"]), float(routing.get("share") or 0.0))
+        router = cls(base_model)
+        router._state = AdapterRouting.from_dict(routing, model=base_model)
         return router
 
     def choose(self, request_id: str) -> str:
-        with self._lock:
-            if self.canary and self.bucket(request_id) < self.share:
-                return self.canary
-            return self.stable
+        return self._state.choose(request_id)  # one immutable state read: no lock needed
 
 
 @dataclass(frozen=True)

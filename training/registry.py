@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from entroloop.adapter_routing import read_routings
 from sinks.audit.worm_store import WormStore
 from training.actions import ActionLog
 
@@ -197,24 +198,13 @@ class AdapterRegistry:
     def routing(self, model: str) -> dict[str, Any]:
         """Who serves ``model`` now, from the status history: the promoted adapter ("" = the base
         model) and the canary with its share. This is the durable routing state: a router in any
-        process (``CanaryRouter.from_routing``) and an operator read the same answer."""
-        rows = self.client.query(
-            f"SELECT adapter_id, argMax(status, at), argMax(share, at), max(at) FROM {self.database}.adapter_status "
-            f"WHERE adapter_id IN (SELECT adapter_id FROM {self.database}.adapters WHERE model = %(m)s) "
-            "GROUP BY adapter_id ORDER BY max(at)",
-            parameters={"m": model},
-        ).result_rows
-        canaries = [(adapter_id, share) for adapter_id, status, share, _at in rows if status == "canary"]
-        canary, share = canaries[-1] if canaries else ("", 0.0)
-        # share is Float32 in ClickHouse: rounded back to what was written
-        return {"model": model, "stable": self.promoted(model), "canary": canary, "share": round(float(share), 6)}
+        process (``CanaryRouter.from_routing``, the gateway) and an operator read the same answer,
+        through the one query in ``entroloop.adapter_routing``."""
+        return read_routings(self.client, self.database, model)[model].to_dict()
 
     def promoted(self, model: str) -> str:
         """The model's adapter currently promoted ("" for the base model)."""
-        for row in reversed(self.list(model)):
-            if row["status"] == "promoted":
-                return str(row["adapter_id"])
-        return ""
+        return str(self.routing(model)["stable"])
 
 
 def _ts(at: float) -> Any:
