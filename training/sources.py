@@ -10,7 +10,7 @@ where the text lives:
    ``ORDER BY sipHash64(trigger key, audit_id) LIMIT n``: a keyed hash, so the same job over the same
    tables picks the same ids, and different jobs pick different samples.
 2. **Their text** - each sampled id is read from the audit log with
-   ``find_records(store, "audit_id", id)``: only files named by the hash-chained manifests, text
+   ``find_records_for_keys(store, "audit_id", ids)``: only files named by the hash-chained manifests, text
    already PII-redacted by the gateway before the record existed.
 3. **Bad cases** - ClickHouse ``bad_cases`` keeps their (already redacted) prompt, response and
    correction: it is the regression suite's own table (migration 0001), read directly.
@@ -19,9 +19,9 @@ where the text lives:
 then drops duplicates by normalized prompt and prompts that were corrected, and keeps
 ``replay_ratio`` x corrections), capped by ``max_replay``.
 
-Cost: one id lookup lists the manifests and opens every audit file (row-group statistics skip the
-rest of each file), so it grows with ids x files; ``max_workers`` lookups run in parallel (object
-storage latency, not CPU, dominates). Figures: training/README.md.
+Cost: one pass over the log for the whole sample (manifests listed once, each file read once with an
+``in`` filter on ``audit_id``), so it grows with the files, not with ids x files; object storage
+latency dominates. Figures: training/README.md.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from entroloop.records import Audit, BadCase, Event, RetrainRequest
@@ -56,8 +55,7 @@ class WarehouseSource:
     """
 
     def __init__(self, client: Any, database: str, store: Any, *, replay_ratio: float = 1.0,
-                 negative_rating: int = 2, oversample: float = 2.0, max_replay: int = 2000,
-                 max_workers: int = 8) -> None:
+                 negative_rating: int = 2, oversample: float = 2.0, max_replay: int = 2000) -> None:
         self.client = client
         self.database = database
         self.store = store
@@ -65,7 +63,6 @@ class WarehouseSource:
         self.negative_rating = negative_rating
         self.oversample = oversample
         self.max_replay = max_replay
-        self.max_workers = max_workers
         self.last_stats: dict[str, int] = {}
 
     def records_for(self, request: RetrainRequest) -> list[Event]:
@@ -118,21 +115,19 @@ class WarehouseSource:
         return [str(r[0]) for r in rows]
 
     # --- the audit log ---------------------------------------------------------------------------
-    def read_audit(self, audit_id: str) -> Audit | None:
-        """The audit record with ``audit_id`` (the first copy: a redelivery can store it twice)."""
-        from sinks.audit.reader import find_records
-
-        for row in find_records(self.store, "audit_id", audit_id):
-            return audit_from_row(row)
-        return None
-
     def read_audits(self, audit_ids: list[str]) -> Iterator[Audit]:
-        if not audit_ids:
-            return
-        with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(audit_ids)))) as pool:
-            for audit in pool.map(self.read_audit, audit_ids):
-                if audit is not None:
-                    yield audit
+        """The audit records of ``audit_ids``, in that order (the first copy of each: a redelivery
+        can store a record twice); ids missing from the log are skipped.
+
+        One pass over the log for the whole sample (``find_records_for_keys``: manifests listed once,
+        each file read once), still by audit id only.
+        """
+        from sinks.audit.reader import find_records_for_keys
+
+        found: dict[str, Audit] = {}
+        for row in find_records_for_keys(self.store, "audit_id", audit_ids):
+            found.setdefault(row["audit_id"], audit_from_row(row))
+        yield from (found[i] for i in audit_ids if i in found)
 
 
 __all__ = ["AUDIT_FIELDS", "WarehouseSource", "audit_from_row"]

@@ -15,7 +15,7 @@ never served as evidence. Row-group statistics let Parquet skip most of each fil
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -42,11 +42,25 @@ def manifest_files(store: WormStore, topic: str | None = None) -> list[str]:
 def find_records(store: WormStore, column: str, value: str, topic: str = Audit.topic) -> Iterator[dict[str, Any]]:
     """Records of ``topic`` (audit records unless told) whose ``column`` equals ``value``;
     ``column`` must be one of the topic's lookups."""
+    return find_records_for_keys(store, column, [value], topic)
+
+
+def find_records_for_keys(store: WormStore, column: str, values: Iterable[str],
+                          topic: str = Audit.topic) -> Iterator[dict[str, Any]]:
+    """Records of ``topic`` whose ``column`` equals one of ``values``, in chain order.
+
+    The same narrow lookup as ``find_records`` (exact keys of one lookup column, never a pattern),
+    for many keys at once: the manifests are listed once and each file is read once, so a training
+    job's replay sample of n audit ids costs one pass over the log instead of n passes.
+    """
     lookups = layout_for(topic).lookups
     if column not in lookups:
         raise ValueError(f"records of {topic} are read back by {' or '.join(lookups)} only")
+    wanted = sorted({str(v) for v in values})
+    if not wanted:
+        return
     for key in manifest_files(store, topic):
-        table = pq.read_table(io.BytesIO(store.get(key)), filters=[(column, "=", value)])
+        table = pq.read_table(io.BytesIO(store.get(key)), filters=[(column, "in", wanted)])
         for row in table.to_pylist():
             row["emitted_at"] = row["emitted_at"].timestamp()
             row["_object"] = key
@@ -58,4 +72,7 @@ def find_actions(store: WormStore, column: str, value: str) -> Iterator[dict[str
     return find_records(store, column, value, topic=Action.topic)
 
 
-__all__ = ["ACTION_LOOKUP_COLUMNS", "LOOKUP_COLUMNS", "find_actions", "find_records", "manifest_files"]
+__all__ = [
+    "ACTION_LOOKUP_COLUMNS", "LOOKUP_COLUMNS", "find_actions", "find_records", "find_records_for_keys",
+    "manifest_files",
+]

@@ -15,6 +15,7 @@ import pytest
 from entroloop.records import Audit
 from sinks.audit.manifest import Manifest, merkle_root, sha256_hex
 from sinks.audit.parquet_writer import AuditChainError, AuditParquetWriter
+from sinks.audit.reader import find_records, find_records_for_keys, manifest_files
 from sinks.audit.verify import verify_store
 from sinks.audit.worm_store import LocalWormStore, ObjectExists
 from tests.unit.sinks.sink_records import sample_records
@@ -211,3 +212,20 @@ def test_overlapping_cut_is_refused_and_changed_bytes_are_never_written(tmp_path
 def test_verify_report_is_json_serialisable(store):
     report = verify_store(store).as_dict()
     assert json.loads(json.dumps(report)) == report
+
+
+def test_lookup_for_many_audit_ids_equals_one_lookup_per_id_and_reads_each_file_once(store):
+    audits = _audits()
+    _write_log(store, audits)
+    wanted = [a.audit_id for a in audits[::7]] + ["no-such-id"]
+    one_by_one = [row for audit_id in wanted for row in find_records(store, "audit_id", audit_id)]
+    reads: list[str] = []
+    get = store.get
+    store.get = lambda key: (reads.append(key), get(key))[1]  # type: ignore[method-assign]
+    batched = list(find_records_for_keys(store, "audit_id", wanted))
+    data_reads = [k for k in reads if k.startswith("audit/")]
+    assert sorted(r["audit_id"] for r in batched) == sorted(r["audit_id"] for r in one_by_one)
+    assert len(batched) == len(wanted) - 1
+    assert len(data_reads) == len(set(data_reads)) == len(manifest_files(store, TOPIC))
+    with pytest.raises(ValueError, match="audit_id or user_id"):
+        list(find_records_for_keys(store, "prompt", ["x"]))
