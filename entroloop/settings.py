@@ -295,6 +295,18 @@ class Settings(BaseSettings):
     )
     gateway_timeout_s: float = Field(600.0, gt=0, description="Upstream request timeout of the gateway.")
 
+    # --- gateway adapter routing (issue 7: canary and promoted LoRA adapters on live traffic) ----
+    gateway_adapter_routing: bool = Field(
+        False,
+        description="Gateway rewrites a request's base model to its promoted adapter, or for a sticky "
+        "share of users (`user` / X-User-Id, else the request id) to its canary adapter, as the "
+        "adapter_status table in ClickHouse says (written by the publisher and `entroloop adapters "
+        "rollback`). Unreachable ClickHouse: the last known routing is kept.",
+    )
+    gateway_routing_refresh_s: float = Field(
+        10.0, gt=0, description="How often the gateway re-reads the adapter routing from ClickHouse."
+    )
+
     # --- Kafka publisher and Faust worker (collectors/publisher.py, streams/app.py) --------------
     publisher_spool_dir: Path | None = Field(
         None,

@@ -11,7 +11,10 @@ For ``POST /v1/chat/completions`` and ``POST /v1/completions`` it
    when the client did not ask for them, so the client sees what the engine would have sent it;
 3. after the answer has gone to the client (a Starlette background task: no added latency), redacts
    PII from prompt and response and publishes an Audit record, a request Span and (non-vLLM) the
-   approximate TokenEntropy.
+   approximate TokenEntropy;
+4. with adapter routing on (``ENTROLOOP_GATEWAY_ADAPTER_ROUTING``), rewrites a base model's name to
+   its promoted or, for a sticky share of users, canary LoRA adapter (``routing.py``: the state the
+   publisher writes to ClickHouse), and names that adapter in the Audit record and the Span.
 
 Every other path is forwarded unchanged. Streaming (``"stream": true``) is relayed as it comes while
 the deltas are collected for the audit: byte for byte from vLLM; from other engines each event
@@ -20,6 +23,7 @@ carrying logprobs the client did not ask for is re-serialised without them.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -38,6 +42,7 @@ from starlette.routing import Route
 
 from collectors import tracecontext
 from collectors.gateway import capture
+from collectors.gateway.routing import RoutingTable
 from collectors.gateway.topk_entropy import chat_token_entropies, completion_token_entropies
 from collectors.pii import PiiRedactor
 from entroloop.ids import NodeStamper, new_span_id, uuid7
@@ -69,6 +74,7 @@ class GatewayConfig:
     tokenizer_digest: str = ""
     top_logprobs: int = 20
     timeout_s: float = 600.0
+    adapter_routing: bool = False  # route base-model requests to promoted/canary adapters (routing.py)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> GatewayConfig:
@@ -81,6 +87,7 @@ class GatewayConfig:
             "tokenizer_digest": settings.gateway_tokenizer_digest,
             "top_logprobs": settings.gateway_top_logprobs,
             "timeout_s": settings.gateway_timeout_s,
+            "adapter_routing": settings.gateway_adapter_routing,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -100,6 +107,8 @@ class _Exchange:
     start: float
     model: str = ""
     adapter: str = ""
+    routed: str = ""  # "canary" or "stable" when adapter routing chose the served model, else ""
+    requested_model: str = ""  # what the client named, when routing rewrote it
     end: float = 0.0
     ttft_s: float | None = None
     status_code: int = 0
@@ -116,8 +125,10 @@ class Gateway:
         publish: Publish,
         redactor: PiiRedactor,
         transport: httpx.AsyncBaseTransport | None = None,
+        routing: RoutingTable | None = None,
     ) -> None:
         self.config = config
+        self.routing = routing
         self.publish = publish
         self.redactor = redactor
         self.stamper = NodeStamper(config.node_id)
@@ -215,7 +226,9 @@ class Gateway:
             engine=await self.engine(),
             start=time.time(),
         )
-        exchange.model, exchange.adapter = await self.base_and_adapter(str(body.get("model", "")))
+        body = exchange.body = self._route(exchange)
+        if not exchange.routed:
+            exchange.model, exchange.adapter = await self.base_and_adapter(str(body.get("model", "")))
         upstream_headers = self._upstream_headers(request)
         tracecontext.inject(upstream_headers, trace, exchange.span_id)
         # vLLM names the request after X-Request-Id (prefixed cmpl-/chatcmpl-), so its own span
@@ -228,6 +241,11 @@ class Gateway:
 
         try:
             answer = await self.client.post(exchange.path, json=upstream_body, headers=upstream_headers)
+            if answer.status_code == 404 and exchange.routed and exchange.adapter:
+                # The engine does not serve the routed adapter (not loaded there): serve the base model.
+                body = exchange.body = self._unroute(exchange)
+                upstream_body, client_logprobs = self._upstream_body(exchange)
+                answer = await self.client.post(exchange.path, json=upstream_body, headers=upstream_headers)
             if answer.status_code == 400 and upstream_body is not body and exchange.engine != "vllm":
                 # The engine refused what we added (e.g. top_logprobs over its limit): serve without it.
                 upstream_body, client_logprobs = body, None
@@ -252,6 +270,32 @@ class Gateway:
         exchange.entropies = _approximate_entropies(exchange.path, data)
         _restore_client_logprobs(exchange.path, data, client_logprobs)
         return JSONResponse(data, answer.status_code, background=BackgroundTask(self._record, exchange))
+
+    def _route(self, exchange: _Exchange) -> dict[str, Any]:
+        """The client's body with ``model`` rewritten by adapter routing (the body itself when the
+        routing leaves it alone). Sticky per user (``user`` / ``X-User-Id``), else per request id."""
+        requested = exchange.body.get("model")
+        if self.routing is None or not isinstance(requested, str) or not requested:
+            return exchange.body
+        key = capture.user_of(exchange.body, exchange.headers) or exchange.request_id
+        try:
+            served, routing = self.routing.route(requested, key)
+        except Exception:  # noqa: BLE001 - routing must never fail a request
+            log.exception("entroloop gateway: adapter routing failed for %s; serving it as named", requested)
+            return exchange.body
+        if routing is None:
+            return exchange.body
+        exchange.model, exchange.requested_model = routing.model, requested
+        exchange.adapter = "" if served == routing.model else served
+        exchange.routed = "canary" if routing.canary and served == routing.canary else "stable"
+        return exchange.body if served == requested else {**exchange.body, "model": served}
+
+    def _unroute(self, exchange: _Exchange) -> dict[str, Any]:
+        """Back to the base model the client named, after the engine refused the routed adapter."""
+        log.warning("entroloop gateway: upstream does not serve adapter %s; request %s served by %s",
+                    exchange.adapter, exchange.request_id, exchange.model)
+        exchange.adapter, exchange.routed = "", "stable"
+        return {**exchange.body, "model": exchange.model}
 
     def _upstream_body(self, exchange: _Exchange) -> tuple[dict[str, Any], Any]:
         """The body sent upstream, and what the client asked for in logprobs (to give back only that)."""
@@ -281,6 +325,13 @@ class Gateway:
             answer = await self.client.send(
                 self.client.build_request("POST", exchange.path, json=upstream_body, headers=headers), stream=True
             )
+            if answer.status_code == 404 and exchange.routed and exchange.adapter:
+                await answer.aclose()  # the routed adapter is not served there: serve the base model
+                exchange.body = self._unroute(exchange)
+                upstream_body, client_logprobs = self._upstream_body(exchange)
+                answer = await self.client.send(
+                    self.client.build_request("POST", exchange.path, json=upstream_body, headers=headers), stream=True
+                )
             if answer.status_code == 400 and injected:
                 await answer.aclose()  # refused what we added: serve the client's own request
                 injected, client_logprobs = False, None
@@ -352,6 +403,7 @@ class Gateway:
                 "http.status_code": exchange.status_code,
                 "entroloop.engine": exchange.engine,
                 "entroloop.adapter": exchange.adapter,
+                "entroloop.routed": exchange.routed,
                 "entroloop.stream": bool(exchange.body.get("stream")),
             },
         )
@@ -497,14 +549,22 @@ def create_app(
     publish: Publish,
     redactor: PiiRedactor,
     transport: httpx.AsyncBaseTransport | None = None,
+    routing: RoutingTable | None = None,
 ) -> Starlette:
-    """The ASGI app (serve it with uvicorn); ``app.state.gateway`` is the Gateway."""
-    gateway = Gateway(config, publish, redactor, transport)
+    """The ASGI app (serve it with uvicorn); ``app.state.gateway`` is the Gateway.
+
+    With ``routing`` the app refreshes it in the background while it runs (lifespan)."""
+    gateway = Gateway(config, publish, redactor, transport, routing)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        yield
-        await gateway.aclose()
+        refresher = asyncio.create_task(routing.run()) if routing is not None else None
+        try:
+            yield
+        finally:
+            if refresher is not None:
+                refresher.cancel()
+            await gateway.aclose()
 
     routes = [Route(path, gateway.audited, methods=["POST"]) for path in AUDITED_PATHS]
     routes.append(Route("/{path:path}", gateway.proxy, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]))
@@ -519,7 +579,9 @@ def app_from_settings(settings: Settings, publish: Publish | None = None, **over
         from collectors.vllm.emit import resolve_sink
 
         publish = resolve_sink("publisher", settings)  # type: ignore[assignment]
-    return create_app(GatewayConfig.from_settings(settings, **overrides), publish, PiiRedactor.from_settings(settings))
+    config = GatewayConfig.from_settings(settings, **overrides)
+    routing = RoutingTable.from_settings(settings) if config.adapter_routing else None
+    return create_app(config, publish, PiiRedactor.from_settings(settings), routing=routing)
 
 
 __all__ = ["AUDITED_PATHS", "Gateway", "GatewayConfig", "app_from_settings", "create_app"]

@@ -24,6 +24,11 @@ def gateway(
     engine: Annotated[
         str | None, typer.Option(help="vllm, openai or auto (default ENTROLOOP_GATEWAY_ENGINE).")
     ] = None,
+    adapter_routing: Annotated[
+        bool | None,
+        typer.Option(help="Route base-model requests to promoted/canary LoRA adapters as ClickHouse's "
+                     "adapter_status says (default ENTROLOOP_GATEWAY_ADAPTER_ROUTING)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve the OpenAI API, forward it to UPSTREAM, publish PII-redacted Audit records and Spans."""
@@ -39,10 +44,14 @@ def gateway(
         console.print(f"[red]{exc}: install the gateway extra: pip install 'entroloop[gateway]'[/red]")
         raise typer.Exit(2) from None
 
-    app = app_from_settings(settings, upstream=upstream, engine=engine)
+    app = app_from_settings(settings, upstream=upstream, engine=engine, adapter_routing=adapter_routing)
     listen_host = host or settings.gateway_host
     listen_port = port or settings.gateway_port
     console.print(f"entroloop gateway on http://{listen_host}:{listen_port} -> {app.state.gateway.config.upstream}")
+    routing = app.state.gateway.routing
+    if routing is not None:
+        console.print(f"adapter routing from {settings.clickhouse_database}.adapter_status, "
+                      f"refreshed every {routing.refresh_s:g} s")
     uvicorn.run(app, host=listen_host, port=listen_port, log_level=log_level)
 
 

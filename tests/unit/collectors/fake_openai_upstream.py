@@ -3,6 +3,7 @@
 Answers deterministically, echoes the last user message (so PII flows back through the response),
 returns hand-computable top-k logprobs when asked, and records every request it received.
 ``vllm=True`` makes it answer ``/version`` like vLLM and list a LoRA adapter in ``/v1/models``.
+Model names in ``missing`` are answered 404 like vLLM answers a LoRA adapter it has not loaded.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class FakeUpstream:
     def __init__(self, vllm: bool = False) -> None:
         self.vllm = vllm
         self.received: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+        self.missing: set[str] = set()
         app = Starlette(
             routes=[
                 Route("/version", self.version),
@@ -95,6 +97,9 @@ class FakeUpstream:
     async def chat(self, request: Request) -> Response:
         body = await request.json()
         self.received.append(("/v1/chat/completions", body, dict(request.headers)))
+        if body.get("model") in self.missing:
+            return JSONResponse({"object": "error", "message": f"The model `{body['model']}` does not exist.",
+                                 "type": "NotFoundError", "code": 404}, 404)
         text = _reply(body, chat=True)
         if body.get("stream"):
             return StreamingResponse(self._chat_stream(body, text), media_type="text/event-stream")
