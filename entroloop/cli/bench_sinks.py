@@ -22,7 +22,8 @@ CLICKHOUSE_TARGET_ROWS_S = 200_000
 VERIFY_TARGET_EVENTS_S = 100_000  # 1M events per 10 s
 
 
-STAGE_LABELS = {"end_to_end": "decode + Arrow + insert", "decode": "decode only", "arrow": "Arrow build only",
+STAGE_LABELS = {"end_to_end": "decode + Arrow + insert",
+                "end_to_end_per_cpu_s": "decode + Arrow + insert, per CPU-second of the process", "decode": "decode only", "arrow": "Arrow build only",
                 "insert": "insert only (rollup views firing)"}
 
 
@@ -51,7 +52,7 @@ def sinks(
     table = Table("figure", "value", "target", "vs baseline")
     for name, by_stage in stages.items():
         for stage, value in by_stage.items():
-            ratio = f"{value / previous[name]:.2f}×" if stage == "end_to_end" and name in previous else ""
+            ratio = f"{value / previous[name][stage]:.2f}×" if stage in previous.get(name, {}) else ""
             target = f"≥ {CLICKHOUSE_TARGET_ROWS_S:,}" if stage == "end_to_end" else ""
             table.add_row(f"chDB rows/s, {name} ({STAGE_LABELS[stage]})", f"{value:,.0f}", target, ratio)
     table.add_row("load average (1 min) while inserting", f"{load:.2f}", "", "")
@@ -63,6 +64,7 @@ def sinks(
     Console().print(table)
     figures = {
         "clickhouse_rows_per_s": {name: by_stage["end_to_end"] for name, by_stage in stages.items()},
+        "clickhouse_rows_per_cpu_s": {name: by_stage["end_to_end_per_cpu_s"] for name, by_stage in stages.items()},
         "clickhouse_stage_rows_per_s": stages,
         "clickhouse_baseline_rows_per_s": previous,
         "load_average": load,
@@ -73,12 +75,25 @@ def sinks(
         print(json.dumps(figures))
 
 
-def _baseline_rows_per_s(path: Path) -> dict[str, float]:
-    """End-to-end chDB rows/s per table from the last JSON line of an earlier ``--json`` run."""
+def _baseline_rows_per_s(path: Path) -> dict[str, dict[str, float]]:
+    """Per table, the end-to-end chDB figures of an earlier ``--json`` run (its last JSON line):
+    ``end_to_end`` rows/s, and ``end_to_end_per_cpu_s`` when that run measured CPU time too."""
     lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
     if not lines:
         raise typer.BadParameter(f"{path} holds no JSON line of `entroloop bench sinks --json`")
-    return {name: float(v) for name, v in json.loads(lines[-1])["clickhouse_rows_per_s"].items()}
+    run = json.loads(lines[-1])
+    out: dict[str, dict[str, float]] = {}
+    for key, stage in (("clickhouse_rows_per_s", "end_to_end"), ("clickhouse_rows_per_cpu_s", "end_to_end_per_cpu_s")):
+        for name, value in run.get(key, {}).items():
+            out.setdefault(name, {})[stage] = float(value)
+    return out
+
+
+def _versus(value: float, previous: dict[str, float], stage: str, unit: str) -> str:
+    """``value`` as a ratio to the baseline build's figure for ``stage``, or "" without one."""
+    if stage not in previous:
+        return ""
+    return f"{value / previous[stage]:.2f}× the baseline build ({previous[stage]:,.0f} {unit}, same machine, measured just before)"
 
 
 def _write_report(figures: dict, out: Path) -> None:
@@ -92,12 +107,14 @@ def _write_report(figures: dict, out: Path) -> None:
     previous = figures["clickhouse_baseline_rows_per_s"]
     rows = []
     for name, by_stage in figures["clickhouse_stage_rows_per_s"].items():
-        value = by_stage["end_to_end"]
-        baseline = (f"{value / previous[name]:.2f}× the baseline build ({previous[name]:,.0f} rows/s, same machine, "
-                    "measured just before)") if name in previous else "row-by-row inserts"
+        value, before = by_stage["end_to_end"], previous.get(name, {})
         rows.append(Figure(section, f"chDB rows/s per sink process, {name} (decode + Arrow + insert)", value, "rows/s",
                            target=f">= {CLICKHOUSE_TARGET_ROWS_S:,}", met=value >= CLICKHOUSE_TARGET_ROWS_S,
-                           baseline=baseline, note=load))
+                           baseline=_versus(value, before, "end_to_end", "rows/s") or "row-by-row inserts", note=load))
+        per_cpu = by_stage["end_to_end_per_cpu_s"]
+        rows.append(Figure(section, f"chDB rows per CPU-second, {name} (decode + Arrow + insert)", per_cpu, "rows/CPU-s",
+                           baseline=_versus(per_cpu, before, "end_to_end_per_cpu_s", "rows/CPU-s"),
+                           note="CPU time of every thread of the sink process: the figure others' load changes least"))
         rows += [Figure(section, f"chDB rows/s, {name}: {STAGE_LABELS[stage]}", by_stage[stage], "rows/s",
                         note="one stage alone: the slowest caps the sink")
                  for stage in ("decode", "arrow", "insert")]
