@@ -108,7 +108,6 @@ class _Exchange:
     model: str = ""
     adapter: str = ""
     routed: str = ""  # "canary" or "stable" when adapter routing chose the served model, else ""
-    requested_model: str = ""  # what the client named, when routing rewrote it
     end: float = 0.0
     ttft_s: float | None = None
     status_code: int = 0
@@ -144,6 +143,7 @@ class Gateway:
         self._tokenizer_digest = config.tokenizer_digest
         self._parents: dict[str, str | None] = {}  # served model id -> base model (LoRA) or None
         self._models_fetched_at = -ADAPTER_CACHE_S
+        self._unserved_adapters: set[str] = set()
         self.publish_errors = 0
 
     # --- engine facts, asked once ------------------------------------------------------------
@@ -285,15 +285,17 @@ class Gateway:
             return exchange.body
         if routing is None:
             return exchange.body
-        exchange.model, exchange.requested_model = routing.model, requested
+        exchange.model = routing.model
         exchange.adapter = "" if served == routing.model else served
         exchange.routed = "canary" if routing.canary and served == routing.canary else "stable"
         return exchange.body if served == requested else {**exchange.body, "model": served}
 
     def _unroute(self, exchange: _Exchange) -> dict[str, Any]:
         """Back to the base model the client named, after the engine refused the routed adapter."""
-        log.warning("entroloop gateway: upstream does not serve adapter %s; request %s served by %s",
-                    exchange.adapter, exchange.request_id, exchange.model)
+        if exchange.adapter not in self._unserved_adapters:  # once per adapter, not per request
+            self._unserved_adapters.add(exchange.adapter)
+            log.warning("entroloop gateway: upstream answers 404 for routed adapter %s; its requests go to %s",
+                        exchange.adapter, exchange.model)
         exchange.adapter, exchange.routed = "", "stable"
         return {**exchange.body, "model": exchange.model}
 

@@ -45,6 +45,11 @@ class RoutingTable:
         from sinks.clickhouse.client import connect
 
         dsn, password = settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value()
+        if dsn.startswith("chdb://"):
+            # chDB opens a folder in one process only: the gateway would hold it (or never get it)
+            log.warning("entroloop gateway: adapter routing reads the embedded ClickHouse %s; chDB allows one "
+                        "process per folder, so use a ClickHouse server (ENTROLOOP_CLICKHOUSE_DSN=http://...) "
+                        "when a sink or trainer runs too", dsn)
         return cls(lambda: connect(dsn, password), settings.clickhouse_database, settings.gateway_routing_refresh_s)
 
     @property

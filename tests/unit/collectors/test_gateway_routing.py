@@ -5,6 +5,7 @@ routing (ClickHouse unreachable: last known state; adapter not loaded upstream: 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -166,7 +167,12 @@ def test_unreachable_clickhouse_keeps_last_state_and_logs_once(tmp_path, chdb_cl
         config = GatewayConfig(upstream=upstream.url, engine="vllm")
         with TestClient(create_app(config, published.append, PiiRedactor(b"k"), routing=table)) as client:
             answer = _chat(client, "user-1")
-        assert [body["model"] for _p, body, _h in upstream.received] == [promoted, BASE]
+            streamed = client.post("/v1/chat/completions", json={
+                "model": BASE, "messages": [{"role": "user", "content": "hi"}], "user": "user-2", "stream": True,
+            })
+        assert [body["model"] for _p, body, _h in upstream.received] == [promoted, BASE, promoted, BASE]
     assert answer.json()["model"] == BASE
-    (audit,) = _records(published, Audit)
-    assert (audit.model, audit.adapter) == (BASE, "")
+    assert streamed.status_code == 200 and "Hello there, hi" in "".join(
+        json.loads(line[5:])["choices"][0]["delta"]["content"]
+        for line in streamed.text.splitlines() if line.startswith("data: {"))
+    assert [(a.model, a.adapter) for a in _records(published, Audit)] == [(BASE, ""), (BASE, "")]
