@@ -22,9 +22,13 @@ CLICKHOUSE_TARGET_ROWS_S = 200_000
 VERIFY_TARGET_EVENTS_S = 100_000  # 1M events per 10 s
 
 
-STAGE_LABELS = {"end_to_end": "decode + Arrow + insert",
-                "end_to_end_per_cpu_s": "decode + Arrow + insert, per CPU-second of the process", "decode": "decode only", "arrow": "Arrow build only",
-                "insert": "insert only (rollup views firing)"}
+STAGE_LABELS = {
+    "end_to_end": "decode + Arrow + insert",
+    "end_to_end_per_cpu_s": "decode + Arrow + insert, per CPU-second of the process",
+    "decode": "decode only, per CPU-second",
+    "arrow": "Arrow build only, per CPU-second",
+    "insert": "insert only (rollup views firing), per CPU-second",
+}
 
 
 def sinks(
@@ -54,7 +58,7 @@ def sinks(
         for stage, value in by_stage.items():
             ratio = f"{value / previous[name][stage]:.2f}×" if stage in previous.get(name, {}) else ""
             target = f"≥ {CLICKHOUSE_TARGET_ROWS_S:,}" if stage == "end_to_end" else ""
-            table.add_row(f"chDB rows/s, {name} ({STAGE_LABELS[stage]})", f"{value:,.0f}", target, ratio)
+            table.add_row(f"chDB rows, {name} ({STAGE_LABELS[stage]})", f"{value:,.0f}", target, ratio)
     table.add_row("load average (1 min) while inserting", f"{load:.2f}", "", "")
     table.add_row("audit Parquet written, MB/s", f"{audit['parquet_mb_per_s']:.1f}", "", "")
     table.add_row("audit records written/s", f"{audit['audit_records_per_s']:,.0f}", "", "")
@@ -115,7 +119,7 @@ def _write_report(figures: dict, out: Path) -> None:
         rows.append(Figure(section, f"chDB rows per CPU-second, {name} (decode + Arrow + insert)", per_cpu, "rows/CPU-s",
                            baseline=_versus(per_cpu, before, "end_to_end_per_cpu_s", "rows/CPU-s"),
                            note="CPU time of every thread of the sink process: the figure others' load changes least"))
-        rows += [Figure(section, f"chDB rows/s, {name}: {STAGE_LABELS[stage]}", by_stage[stage], "rows/s",
+        rows += [Figure(section, f"chDB rows, {name}: {STAGE_LABELS[stage]}", by_stage[stage], "rows/CPU-s",
                         note="one stage alone: the slowest caps the sink")
                  for stage in ("decode", "arrow", "insert")]
     audit = figures["audit"]
