@@ -49,7 +49,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def lora_vllm(tiny_base_model, tmp_path_factory):
+def lora_vllm(tiny_base_model, tmp_path_factory):  # noqa: F811
     """``vllm`` OpenAI server for the tiny model with runtime LoRA updating enabled."""
     port = _free_port()
     work = tmp_path_factory.mktemp("vllm-routing")
