@@ -107,7 +107,8 @@ class SentenceTransformerEmbedder:
     """Any sentence-transformers model folder on torch (fp32), loaded offline: the reference path.
 
     ``max_tokens`` (0: the model's own limit, 256 for MiniLM) truncates texts; ``threads`` (0: the
-    library default, one per core) is applied with ``torch.set_num_threads``, which is process-wide.
+    library default, one per core) is torch's thread count while this embedder runs: the setting is
+    process-wide, so it is put back afterwards and other torch work in the process keeps its own.
     """
 
     backend = "torch"
@@ -130,11 +131,8 @@ class SentenceTransformerEmbedder:
     def _load(self):
         if self._model is None:
             _offline()
-            import torch
             from sentence_transformers import SentenceTransformer
 
-            if self.threads > 0:
-                torch.set_num_threads(self.threads)
             self._model = SentenceTransformer(str(self.model_path), device=self.device, local_files_only=True)
             self._model.max_seq_length = self.max_tokens
         return self._model
@@ -142,13 +140,22 @@ class SentenceTransformerEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        vectors = self._load().encode(
-            texts,
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+        import torch
+
+        model = self._load()
+        previous = torch.get_num_threads()
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        try:
+            vectors = model.encode(
+                texts,
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        finally:
+            torch.set_num_threads(previous)
         return np.asarray(vectors, dtype=np.float32)
 
 

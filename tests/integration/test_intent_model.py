@@ -120,6 +120,14 @@ def test_fast_path_stays_within_tolerance_of_the_reference(embedder: Embedder, r
     assert np.abs(one_by_one - want[:6]).max() <= TOLERANCE[embedder.backend] + 1e-6
 
 
+def test_torch_thread_count_is_put_back_after_embedding() -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    make_embedder("torch", threads=1 if before != 1 else 2).embed(["threads are the embedder's own"])
+    assert torch.get_num_threads() == before  # other torch work in the process keeps its threads
+
+
 def test_truncation_cuts_long_texts_and_keeps_the_head(embedder: Embedder) -> None:
     head = EN[0][1]
     long_answer = head + " " + " ".join(answer for _, answer in EN[1:]) * 6  # far past 128 tokens
