@@ -54,6 +54,7 @@ from typing import Any, Protocol
 
 from entroloop.codec import CodecError, dead_letter_fields, decode_many, encode
 from entroloop.ids import derived_event_id
+from entroloop.kafka_consumer_config import manual_commit_consumer_config
 from entroloop.records import DeadLetter, Event
 from entroloop.settings import Settings
 from entroloop.topics import TOPIC_BY_NAME
@@ -205,8 +206,6 @@ class KafkaSinkConsumer:
     ) -> None:
         from confluent_kafka import Consumer, Producer
 
-        if not settings.kafka_bootstrap:
-            raise ValueError("no broker: set ENTROLOOP_KAFKA_BOOTSTRAP (or pass --broker)")
         self.kind = kind
         self.target = target
         self.settings = settings
@@ -219,19 +218,11 @@ class KafkaSinkConsumer:
         self.max_seconds = max_seconds or settings.sink_batch_seconds
         self.partition_buffer_rows = max(partition_buffer_rows or 2 * self.max_rows, self.max_rows)
         self.group_id = f"{self.prefix}entroloop-sink-{kind}"
-        config = {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": self.group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": True,
-            "session.timeout.ms": int(session_timeout_s * 1000),
-            "heartbeat.interval.ms": max(1000, int(session_timeout_s * 1000) // 3),
-            "max.poll.interval.ms": 300_000,
-            "client.id": f"entroloop-sink-{kind}",
-            "logger": logging.getLogger("entroloop.sinks.kafka.librdkafka"),
-        }
+        config = manual_commit_consumer_config(
+            settings, group_id=self.group_id, client_id=f"entroloop-sink-{kind}",
+            logger_name="entroloop.sinks.kafka.librdkafka", session_timeout_s=session_timeout_s,
+            **{"max.poll.interval.ms": 300_000},
+        )
         config.update(consumer_config or {})
         self.consumer = Consumer(config)
         self.producer = Producer({

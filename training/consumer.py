@@ -35,6 +35,7 @@ from typing import Any
 
 from entroloop.codec import CodecError, dead_letter_fields, decode
 from entroloop.ids import derived_event_id
+from entroloop.kafka_consumer_config import manual_commit_consumer_config
 from entroloop.records import DeadLetter, Event, RetrainRequest
 from training.jobs import Job, JobBusy, JobRunner
 
@@ -111,26 +112,16 @@ class RetrainConsumer:
                  consumer_config: dict[str, Any] | None = None) -> None:
         from confluent_kafka import Consumer
 
-        if not settings.kafka_bootstrap:
-            raise ValueError("no broker: set ENTROLOOP_KAFKA_BOOTSTRAP (or pass --broker)")
         self.settings = settings
         self.runner = runner
         self.publisher = publish
         self.topic = settings.topic_prefix + RETRAIN_TOPIC
         self.group_id = f"{settings.topic_prefix}entroloop-trainer"
         self.stats = TrainerStats()
-        config = {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": self.group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": True,
-            "session.timeout.ms": int(session_timeout_s * 1000),
-            "heartbeat.interval.ms": max(1000, int(session_timeout_s * 1000) // 3),
-            "client.id": f"entroloop-trainer-{settings.node_id}",
-            "logger": logging.getLogger("entroloop.training.consumer.librdkafka"),
-        }
+        config = manual_commit_consumer_config(
+            settings, group_id=self.group_id, client_id=f"entroloop-trainer-{settings.node_id}",
+            logger_name="entroloop.training.consumer.librdkafka", session_timeout_s=session_timeout_s,
+        )
         config.update(consumer_config or {})
         self.consumer = Consumer(config)
         self._assigned: set[int] = set()
