@@ -12,10 +12,7 @@ Runs in .venv-ml (vLLM, peft, starlette, chDB).
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,9 +27,9 @@ from entroloop.adapter_routing import AdapterRouting
 from entroloop.records import Audit
 from entroloop.settings import Settings
 from sinks.audit.worm_store import LocalWormStore
+from tests.integration import lora_vllm_server
 from tests.integration.training_fixtures import MODEL, tiny_base_model  # noqa: F401 - fixture
 from training.actions import ActionLog
-from training.publisher import VllmError, VllmLoraClient
 from training.registry import AdapterRegistry
 
 pytestmark = [pytest.mark.vllm, pytest.mark.training]
@@ -40,50 +37,17 @@ pytestmark = [pytest.mark.vllm, pytest.mark.training]
 USERS = [f"user-{i}" for i in range(24)]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lora_vllm(tiny_base_model, tmp_path_factory):  # noqa: F811
     """``vllm`` OpenAI server for the tiny model with runtime LoRA updating enabled."""
-    port = _free_port()
     work = tmp_path_factory.mktemp("vllm-routing")
-    env = {
-        **os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "ENTROLOOP_ENTROPY_TAP_ENABLED": "false",
-    }
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_base_model),
-           "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--enforce-eager", "--max-model-len", "256", "--enable-lora", "--max-lora-rank", "8",
-           "--max-loras", "2", "--max-num-seqs", "8", "--seed", "0"]
     log = work / "server.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=work)
-    client = VllmLoraClient(f"http://127.0.0.1:{port}", timeout=30)
+    proc, client = lora_vllm_server.start(tiny_base_model, MODEL, log, cwd=work)
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if MODEL in client.models():
-                    break
-            except VllmError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"vLLM server did not come up (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+        lora_vllm_server.wait_until_serving(proc, client, MODEL, log, timeout_s=600)
         yield client
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        lora_vllm_server.stop(proc)
 
 
 def _random_adapter(base: Path, folder: Path) -> Path:

@@ -14,14 +14,9 @@ share of the canary's answers as errors (the fault injected), which is what the 
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,6 +24,7 @@ import pytest
 from entroloop.ids import NodeStamper, new_span_id
 from entroloop.records import Action, Span
 from sinks.audit.worm_store import LocalWormStore
+from tests.integration import lora_vllm_server
 from tests.integration.training_fixtures import (
     GATE_OVERRIDES,
     MODEL,
@@ -58,12 +54,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.training]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_process(tiny_base_model, tmp_path_factory):
     """Start the ``vllm`` OpenAI server (CPU) for the tiny model with runtime LoRA updating enabled.
@@ -71,45 +61,20 @@ def vllm_process(tiny_base_model, tmp_path_factory):
     Readiness is awaited by ``vllm_server``, after the adapter is trained: the server boots while
     the test trains.
     """
-    port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {
-        **os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "ENTROLOOP_ENTROPY_TAP_ENABLED": "false",
-    }
-    # ``python -m ...api_server`` rather than the ``vllm`` script: the script asks for the version of
-    # a distribution named "vllm", and the CPU build is distributed as "vllm-cpu".
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_base_model),
-           "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--enforce-eager", "--max-model-len", "256", "--enable-lora", "--max-lora-rank", "8",
-           "--max-loras", "2", "--max-num-seqs", "8", "--seed", "0"]
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    proc, client = lora_vllm_server.start(tiny_base_model, MODEL, log, cwd=REPO)
     try:
-        yield proc, VllmLoraClient(f"http://127.0.0.1:{port}", timeout=30), log
+        yield proc, client, log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        lora_vllm_server.stop(proc)
 
 
 @pytest.fixture(scope="module")
 def vllm_server(vllm_process, trained):
     """The started server once it serves the base model."""
     proc, client, log = vllm_process
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            if MODEL in client.models():
-                return client
-        except VllmError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"vLLM server did not come up (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
-        time.sleep(1)
+    lora_vllm_server.wait_until_serving(proc, client, MODEL, log, timeout_s=300)
+    return client
 
 
 @pytest.fixture(scope="module")
