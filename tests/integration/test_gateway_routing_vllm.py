@@ -15,7 +15,6 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -29,6 +28,7 @@ from entroloop.settings import Settings
 from sinks.audit.worm_store import LocalWormStore
 from tests.integration import lora_vllm_server
 from tests.integration.training_fixtures import MODEL, tiny_base_model  # noqa: F401 - fixture
+from tests.unit.collectors.flaky_clickhouse import FlakyClickHouseClient
 from training.actions import ActionLog
 from training.registry import AdapterRegistry
 
@@ -65,16 +65,6 @@ def _random_adapter(base: Path, folder: Path) -> Path:
     return folder
 
 
-class _FlakyClient:
-    def __init__(self, client: Any) -> None:
-        self.client, self.down = client, False
-
-    def query(self, *args: Any, **kwargs: Any) -> Any:
-        if self.down:
-            raise OSError("Connection refused")
-        return self.client.query(*args, **kwargs)
-
-
 def _wait(condition, what: str, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
     while not condition():
@@ -109,7 +99,7 @@ def test_gateway_routes_canary_users_to_the_loaded_adapter_and_follows_rollback(
     assert set(expected) == {adapter_id, MODEL}  # 24 users: both sides are exercised
 
     table = RoutingTable(lambda: chdb_client, database, refresh_s=0.2)
-    stale = _FlakyClient(chdb_client)
+    stale = FlakyClickHouseClient(chdb_client)
     stale_table = RoutingTable(lambda: stale, database, refresh_s=3600)
     assert stale_table.refresh()  # holds the canary state; ClickHouse "goes away" for it below
     published: list = []

@@ -22,10 +22,10 @@ from entroloop.adapter_routing import AdapterRouting
 from entroloop.records import Audit, Span
 from entroloop.settings import Settings
 from sinks.audit.worm_store import LocalWormStore
+from tests.unit.collectors.fake_openai_upstream import FakeUpstream
+from tests.unit.collectors.flaky_clickhouse import FlakyClickHouseClient
 from training.actions import ActionLog
 from training.registry import AdapterRegistry
-
-from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 
 BASE = "base-m"  # the fake engine's base model; adapters are registered for it
 USERS = [f"user-{i}" for i in range(300)]
@@ -122,24 +122,12 @@ def test_gateway_routes_canary_share_and_follows_rollback(tmp_path, chdb_client,
     assert {(a.model, a.adapter) for a in after} == {(BASE, "")}
 
 
-class _FlakyClient:
-    """A ClickHouse client that can be made to fail, like a server that went away."""
-
-    def __init__(self, client: Any) -> None:
-        self.client, self.down = client, False
-
-    def query(self, *args: Any, **kwargs: Any) -> Any:
-        if self.down:
-            raise OSError("Connection refused")
-        return self.client.query(*args, **kwargs)
-
-
 def test_unreachable_clickhouse_keeps_last_state_and_logs_once(tmp_path, chdb_client, ch_database, caplog) -> None:
     registry = AdapterRegistry(LocalWormStore(tmp_path / "adapters"), chdb_client, ch_database, ActionLog())
     registry.ensure_schema()
     promoted = _register(registry, tmp_path / "p", 2)
     registry.set_status(promoted, "promoted", share=1.0)
-    flaky = _FlakyClient(chdb_client)
+    flaky = FlakyClickHouseClient(chdb_client)
     connects: list[int] = []
 
     def connect() -> Any:
