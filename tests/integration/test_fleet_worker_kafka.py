@@ -56,6 +56,43 @@ def published_entropy_alerts(bootstrap: str, prefix: str) -> list[Alert]:
     return [a for a in detector.process_batch(tokens) if isinstance(a, Alert)]
 
 
+def missing_alerts_report(bootstrap: str, prefix: str, missing: set[str], log_path: Path) -> str:
+    """Why alerts are missing, for a failure message: where each missing alert's source record sits
+    (partition, offset) next to the worker group's committed offset there (committed past the
+    source: the record was skipped; at or before it: the worker never got that far), and the
+    worker log's warnings, errors and rebalance lines (its tail is only the shutdown)."""
+    from confluent_kafka import TopicPartition
+
+    detector = EntropyAnomalyDetector()
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"diagnose-{time.time_ns()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([prefix + TokenEntropy.topic])
+    source: dict[str, tuple[int, int]] = {}
+    idle_since = time.monotonic()
+    while time.monotonic() - idle_since < 3.0:
+        messages = consumer.consume(5000, timeout=0.5)
+        if messages:
+            idle_since = time.monotonic()
+        for m in messages:
+            if m.error() is None:
+                for alert in detector.process_batch([codec.decode(m.value())]):
+                    source[alert.event_id] = (m.partition(), m.offset())
+    consumer.close()
+    group = Consumer({"bootstrap.servers": bootstrap, "group.id": prefix + "entroloop-streams",
+                      "enable.auto.commit": False})
+    partitions = sorted({p for p, _ in source.values()})
+    committed = {tp.partition: tp.offset for tp in group.committed(
+        [TopicPartition(prefix + TokenEntropy.topic, p) for p in partitions], timeout=10)}
+    group.close()
+    where = sorted(source.get(event_id, (-1, -1)) for event_id in missing)
+    lines = [f"{len(missing)} alerts missing; (partition, source offset, group committed offset): "
+             + ", ".join(f"({p}, {o}, {committed.get(p)})" for p, o in where[:20])]
+    keep = ("WARNING", "ERROR", "Traceback", "Revoking", "Setting newly", "Recovery complete", "Worker ready")
+    lines += [line[:300] for line in log_path.read_text(errors="replace").splitlines()
+              if any(k in line for k in keep)][-60:]
+    return "\n".join(lines)
+
+
 def expected_entropy_alerts(bootstrap: str, prefix: str) -> set[str]:
     """Event ids of ``published_entropy_alerts``."""
     return {a.event_id for a in published_entropy_alerts(bootstrap, prefix)}
@@ -125,7 +162,7 @@ def test_worker_publishes_exactly_the_in_process_alerts(kafka_bootstrap: str, to
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
         reader.consumer.close()
-    assert complete, f"missing {len(expected - set(reader.ids))} alerts; log:\n{log_path.read_text()[-3000:]}"
+    assert complete, missing_alerts_report(kafka_bootstrap, topic_prefix, expected - set(reader.ids), log_path)
     assert set(reader.ids) == expected, "the worker published alerts the processors would not"
     assert max(reader.ids.values()) == 1, "a clean run publishes every alert once"
 
@@ -158,5 +195,6 @@ def test_worker_sigkilled_three_times_loses_nothing(kafka_bootstrap: str, topic_
     lost = len(expected - set(reader.ids))
     duplicates = stored - len(reader.ids)
     print(f"\nworker SIGKILLed 3x: expected={len(expected)} stored={stored} duplicates={duplicates} lost={lost}")
-    assert complete and lost == 0, log_path.read_text()[-3000:]
+    assert complete and lost == 0, missing_alerts_report(kafka_bootstrap, topic_prefix, expected - set(reader.ids),
+                                                         log_path)
     assert set(reader.ids) == expected

@@ -97,7 +97,8 @@ def test_worker_sigkilled_three_times_mid_stream(kafka_bootstrap: str, topic_pre
         worker.wait(timeout=60)
     finally:
         reader.consumer.close()
-    assert complete, log_path.read_text()[-3000:]
+    assert complete, fleet_worker.missing_alerts_report(kafka_bootstrap, topic_prefix,
+                                                        set(expected) - set(reader.ids), log_path)
     assert kills_at[0] < len(expected), "the first kill should come before the worker finished"
     finish("worker SIGKILLed 3x mid-stream", expected, reader, recovery_s, kafka_bootstrap, topic_prefix, tmp_path,
            f"alerts seen at each kill: {kills_at}; recovery = last restart to every alert published")
@@ -136,7 +137,9 @@ def test_rebalance_second_worker_joins_then_leaves(kafka_bootstrap: str, topic_p
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
         reader.consumer.close()
-    assert complete, first_log.read_text()[-3000:]
+    assert complete, (fleet_worker.missing_alerts_report(kafka_bootstrap, topic_prefix,
+                                                         set(expected) - set(reader.ids), first_log)
+                      + "\nsecond worker:\n" + second_log.read_text()[-3000:])
     second_text = second_log.read_text()
     finish("rebalance: a second worker joins, then leaves", expected, reader, recovery_s, kafka_bootstrap,
            topic_prefix, tmp_path, f"alerts seen when the second joined: {joined_at}; recovery = second left to "
