@@ -41,10 +41,10 @@ class Worker:
             cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 
-    def kill(self) -> None:
+    def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
+            self.proc.send_signal(sig)
+        self.proc.wait(timeout=90)
         self._log.close()
 
     def log_tail(self) -> str:
@@ -94,15 +94,17 @@ def seen_alerts(records: list[Event]) -> set[str]:
     return {r.alert_key.removeprefix("seen:") for r in records if isinstance(r, Alert)}
 
 
-def run_crash_scenario(bootstrap: str, prefix: str, tmp: Path, concurrency: int) -> dict[str, int]:
-    """Event 0 is slow; events 1..9 are fast. Kill the worker while event 0 is in flight (after the
-    fast ones were processed and a commit had time to happen), restart it, and count what was lost."""
+def run_crash_scenario(bootstrap: str, prefix: str, tmp: Path, concurrency: int,
+                       stop_signal: int = signal.SIGKILL, slow_seconds: float = 60) -> dict[str, int]:
+    """Event 0 is slow; events 1..9 are fast. Stop the worker with ``stop_signal`` while event 0 is
+    in flight (after the fast ones were processed and a commit had time to happen), restart it,
+    and count what was lost."""
     ensure_topics(bootstrap, prefix, partitions=1, topics=TOPICS)
     records = feedback(10, slow_first=True)
     produce(bootstrap, prefix + Feedback.topic, [(r.request_id.encode(), codec.encode(r)) for r in records])
     alerts = TopicReader(bootstrap, prefix + Alert.topic)
     try:
-        first = Worker(tmp, bootstrap, prefix, "slow", "60", str(concurrency))
+        first = Worker(tmp, bootstrap, prefix, "slow", str(slow_seconds), str(concurrency))
         fast_ids = {r.event_id for r in records[1:]}
         if concurrency > 1:
             ok = alerts.read_until(lambda rs: fast_ids <= seen_alerts(rs), timeout=90)
@@ -113,7 +115,7 @@ def run_crash_scenario(bootstrap: str, prefix: str, tmp: Path, concurrency: int)
             time.sleep(3)
             assert not (fast_ids & seen_alerts(alerts.records)), "nothing passes the in-flight event"
         time.sleep(2.0)  # several commit intervals (0.3 s): whatever Faust would commit, it has
-        first.kill()
+        first.kill(stop_signal)
 
         second = Worker(tmp, bootstrap, prefix, "slow", "0", str(concurrency))
         # A marker produced after the restart proves the second worker owns the partition and has
@@ -150,6 +152,18 @@ def test_guarded_worker_loses_nothing_when_killed_with_an_event_in_flight(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
     figures = run_crash_scenario(kafka_bootstrap, topic_prefix, tmp_path, concurrency=1)
+    assert figures["lost"] == 0 and figures["slow_event_lost"] == 0
+
+
+def test_worker_stopped_with_an_event_in_flight_commits_nothing_past_it(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """SIGTERM (a deploy, a scale-down) while an event is being processed: the worker must finish
+    it (Faust's ``wait_empty`` on stop) or leave its offset uncommitted. Were the agent cancelled
+    first, ``take_events`` would acknowledge the unfinished batch in its ``finally`` and the last
+    commit on stop would carry it past, so the next owner of the partition would skip it."""
+    figures = run_crash_scenario(kafka_bootstrap, topic_prefix, tmp_path, concurrency=1,
+                                 stop_signal=signal.SIGTERM, slow_seconds=8)
     assert figures["lost"] == 0 and figures["slow_event_lost"] == 0
 
 
