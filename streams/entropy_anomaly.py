@@ -4,21 +4,33 @@ high entropy) in one request's per-token entropies.
 A model stuck in a loop is nearly certain of every next token, so entropy stays far below its
 normal band; a model emitting gibberish is nearly uniform over many tokens. One isolated token of
 either kind is normal (a forced closing bracket, a name), so a rule needs a *run* of
-``min_run`` consecutive tokens. Long generations arrive in chunks; an open run at the end of a
-non-final chunk is carried to the next chunk so a loop spanning the boundary is one alert.
+``min_run`` consecutive tokens. Long generations arrive in chunks (4096 tokens, minutes apart);
+an open run at the end of a non-final chunk is carried to the next chunk so a loop spanning the
+boundary is one alert, and a request whose final chunk never comes becomes an
+``incomplete_request`` dead letter ``incomplete_ttl_s`` of event time after its last chunk.
+
+That carry lives in ``state``: one ``EntropyCarry`` per request id, written by a non-final chunk
+and deleted by the final one (a single-chunk request only checks that its key is absent). Under
+the Faust worker ``state`` is a changelogged table (``table_state``, ``streams.table_state``),
+co-partitioned with the token topic, so the carry is durable: it survives a worker restart
+(SIGKILL, deploy) or a rebalance that moves the request's partition to another worker between two
+chunks. In the embedded runner it is a plain dict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
+import msgspec
 import numpy as np
 
-from entroloop.codec import encode
+from entroloop.codec import decode, encode
 from entroloop.records import Alert, DeadLetter, Event, TokenEntropy
 from entroloop.topics import partition_for
 from streams.base import Processor, derive
+from streams.table_state import TableStateSpec
 
 LOOP = "repetition_loop"
 GIBBERISH = "gibberish"
@@ -36,14 +48,39 @@ class RunRule:
         return values < self.threshold if self.below else values > self.threshold
 
 
-@dataclass
-class _OpenRun:
+class OpenRun(msgspec.Struct, array_like=True):
     """A run still open at the end of a non-final chunk: absolute start, length and value sum."""
 
-    next_chunk: int
     start: int
     length: int
     total: float
+
+
+class EntropyCarry(msgspec.Struct):
+    """What one request carries from its latest non-final chunk to the next (the ``state`` value)."""
+
+    next_chunk: int
+    """The chunk the open runs continue into; another chunk index does not join them."""
+    last_emitted_at: float
+    """Event time of the latest non-final chunk: the incomplete-request TTL counts from it."""
+    last_chunk: bytes
+    """That chunk, encoded (``entroloop.codec``): the incomplete-request dead letter is derived
+    from it and carries it as its payload."""
+    open_runs: dict[str, OpenRun] = {}
+    """Rule name -> run open at the end of that chunk."""
+
+
+_CARRY_ENCODER = msgspec.msgpack.Encoder()
+_CARRY_DECODER = msgspec.msgpack.Decoder(EntropyCarry)
+
+
+def encode_carry(carry: EntropyCarry) -> bytes:
+    """Table value serializer (changelog bytes)."""
+    return _CARRY_ENCODER.encode(carry)
+
+
+def decode_carry(payload: bytes) -> EntropyCarry:
+    return _CARRY_DECODER.decode(payload)
 
 
 class EntropyAnomalyDetector(Processor):
@@ -51,6 +88,10 @@ class EntropyAnomalyDetector(Processor):
 
     name = "entropy_anomaly"
     inputs = (TokenEntropy,)
+    # Under Faust, ``state`` is this changelogged table (streams.table_state): the carry between
+    # two chunks of a request survives a worker restart or rebalance. The final chunk and TTL
+    # expiry delete entries, which writes tombstones, so recovery drops them too.
+    table_state: ClassVar[TableStateSpec[EntropyCarry]] = TableStateSpec("entropy_carry", encode_carry, decode_carry)
 
     def __init__(
         self,
@@ -59,17 +100,19 @@ class EntropyAnomalyDetector(Processor):
         gibberish_threshold: float = 4.5,
         gibberish_min_run: int = 5,
         incomplete_ttl_s: float = 600.0,
+        state: MutableMapping[str, EntropyCarry] | None = None,
     ) -> None:
         self.rules = (
             RunRule(LOOP, loop_threshold, loop_min_run, below=True),
             RunRule(GIBBERISH, gibberish_threshold, gibberish_min_run, below=False),
         )
-        # (request_id, rule name) -> run open at the end of the previous chunk
-        self._open: dict[tuple[str, str], _OpenRun] = {}
-        # request_id -> its latest non-final chunk: a request whose final chunk never comes
-        # becomes a dead letter once event time is incomplete_ttl_s past that chunk
+        # A request whose final chunk never comes becomes a dead letter once event time is
+        # incomplete_ttl_s past its latest chunk.
         self.incomplete_ttl_s = incomplete_ttl_s
-        self._unfinished: dict[str, TokenEntropy] = {}
+        # request_id -> EntropyCarry of a request whose final chunk has not come yet. A Faust table
+        # (with changelog) can stand in for this dict: an entry is only ever replaced whole
+        # (``state[key] = carry``), never changed in place, so the table sees every change.
+        self.state: MutableMapping[str, EntropyCarry] = state if state is not None else {}
 
     def process(self, record: Event) -> list[Event]:
         return self.process_batch([record])
@@ -95,17 +138,33 @@ class EntropyAnomalyDetector(Processor):
                     (int(start - base), int(end - base), float(sums[end] - sums[start]))
                 )
         alerts: list[Event] = []
+        state = self.state
         for record, runs in zip(records, per_record):
-            if record.final:  # type: ignore[attr-defined]
-                self._unfinished.pop(record.request_id, None)
-            else:
-                self._unfinished[record.request_id] = record  # type: ignore[assignment]
+            assert isinstance(record, TokenEntropy)
+            request_id = record.request_id
+            # The common single-chunk request: one lookup that misses, no write.
+            carry = state.get(request_id)
+            if carry is None and record.final and not runs:
+                continue
+            carried = carry.open_runs if carry is not None and carry.next_chunk == record.chunk_index else {}
+            # (an out-of-order chunk is judged on its own rather than joined to the wrong tokens)
+            still_open: dict[str, OpenRun] = {}
             found: list[Event] = []
             for rule in self.rules:
-                for start, end, total in self._close_runs(record, rule, runs.get(rule.name, [])):
+                closed = self._close_runs(record, rule, runs.get(rule.name, []), carried.get(rule.name), still_open)
+                for start, end, total in closed:
                     if end - start >= rule.min_run:
                         found.append(self._alert(record, rule, start, end, total / (end - start), len(found)))
             alerts.extend(found)
+            if not record.final:
+                state[request_id] = EntropyCarry(
+                    next_chunk=record.chunk_index + 1,
+                    last_emitted_at=record.emitted_at,
+                    last_chunk=encode(record),
+                    open_runs=still_open,
+                )
+            elif carry is not None:
+                del state[request_id]
         return alerts
 
     @staticmethod
@@ -129,14 +188,18 @@ class EntropyAnomalyDetector(Processor):
         keep = (ends - starts >= rule.min_run) | (starts == bounds[index]) | (ends == bounds[index + 1])
         return list(zip(index[keep].tolist(), starts[keep].tolist(), ends[keep].tolist()))
 
-    def _close_runs(self, record: Event, rule: RunRule, runs: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
-        """Absolute [start, end) runs closed by this chunk, joining a run carried from the last one."""
-        assert isinstance(record, TokenEntropy)
+    @staticmethod
+    def _close_runs(
+        record: TokenEntropy,
+        rule: RunRule,
+        runs: list[tuple[int, int, float]],
+        carried: OpenRun | None,
+        still_open: dict[str, OpenRun],
+    ) -> list[tuple[int, int, float]]:
+        """Absolute [start, end) runs closed by this chunk, joining ``carried`` (the rule's run open
+        at the end of the previous chunk); a run open at the end of a non-final chunk goes to
+        ``still_open`` instead."""
         n = record.n_tokens
-        key = (record.request_id, rule.name)
-        carried = self._open.pop(key, None)
-        if carried is not None and carried.next_chunk != record.chunk_index:
-            carried = None  # out-of-order chunk: judge it on its own rather than join wrong tokens
         offset = record.first_token_index
         closed: list[tuple[int, int, float]] = []
         for i, (start, end, total) in enumerate(runs):
@@ -145,7 +208,7 @@ class EntropyAnomalyDetector(Processor):
                 abs_start, total = carried.start, total + carried.total
                 carried = None
             if end == n and not record.final:
-                self._open[key] = _OpenRun(record.chunk_index + 1, abs_start, abs_end - abs_start, total)
+                still_open[rule.name] = OpenRun(abs_start, abs_end - abs_start, total)
                 continue
             closed.append((abs_start, abs_end, total))
         if carried is not None:  # the carried run ended exactly at the previous chunk boundary
@@ -154,13 +217,13 @@ class EntropyAnomalyDetector(Processor):
 
     def on_watermark(self, event_time: float) -> list[Event]:
         """Requests whose final chunk has not come within the TTL: a dead letter each, state dropped."""
-        expired = [r for r in self._unfinished.values() if r.emitted_at + self.incomplete_ttl_s < event_time]
+        ttl = self.incomplete_ttl_s
+        expired = [rid for rid, carry in self.state.items() if carry.last_emitted_at + ttl < event_time]
         out: list[Event] = []
-        for last in expired:
-            del self._unfinished[last.request_id]
-            for rule in self.rules:
-                self._open.pop((last.request_id, rule.name), None)
-            payload = encode(last)
+        for request_id in expired:
+            payload = self.state.pop(request_id).last_chunk
+            last = decode(payload)
+            assert isinstance(last, TokenEntropy)
             out.append(derive(
                 last, DeadLetter, 0, f"{self.name}.incomplete",
                 source_topic=TokenEntropy.topic,
