@@ -7,10 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entroloop.ids import NodeStamper
 from entroloop.codec import decode
+from entroloop.ids import NodeStamper
 from entroloop.records import Alert, DeadLetter, TokenEntropy, pack_entropies
-from streams.entropy_anomaly import EntropyAnomalyDetector
+from streams.entropy_anomaly import EntropyAnomalyDetector, EntropyCarry
+from streams.table_state import TableState
+
+from .test_table_state import FakeTable
 
 stamper = NodeStamper("node-t")
 NORMAL = 3.0
@@ -128,3 +131,125 @@ def test_request_that_never_completes_becomes_a_dead_letter_after_the_ttl():
     assert "never completed" in letter.reason and letter.source_topic == TokenEntropy.topic
     assert decode(letter.payload) == chunk
     assert detector.on_watermark(chunk.emitted_at + 1000) == []  # reported once, state dropped
+
+
+# --- the carry state: durable under Faust (a changelogged table), so a new instance continues ----
+
+
+def boundary_loop(tail: int) -> tuple[TokenEntropy, TokenEntropy]:
+    """Chunk 0 ends in a 3-token loop that chunk 1 continues for ``tail`` tokens: one loop, 8..11+tail."""
+    first = tokens([NORMAL] * 8 + [0.3] * 3, request_id="long", chunk_index=0, final=False)
+    second = tokens([0.3] * tail + [NORMAL] * 4, request_id="long", chunk_index=1, first_token_index=11, final=True)
+    return first, second
+
+
+@pytest.mark.parametrize("tail", [4, 6])  # 4: the tail alone is under min_run; 6: it is not
+def test_a_new_instance_given_the_state_continues_a_loop_across_the_chunk_boundary(tail):
+    first, second = boundary_loop(tail)
+    one_instance = EntropyAnomalyDetector()
+    one_instance.process(first)
+    expected = one_instance.process(second)
+    assert spans(expected) == [("repetition_loop", 8, 11 + tail)]
+
+    state: dict = {}
+    assert EntropyAnomalyDetector(state=state).process(first) == []
+    recovered = EntropyAnomalyDetector(state=state)  # the worker restarted, or the partition moved
+    assert recovered.process(second) == expected  # same event id, span and alert key
+    assert state == {}  # the final chunk dropped the request's carry
+
+    # Without the state the next instance sees only the tail: no alert, or one with the wrong start.
+    forgetful = EntropyAnomalyDetector().process(second)
+    assert forgetful != expected
+    assert spans(forgetful) == ([] if tail < 5 else [("repetition_loop", 11, 11 + tail)])
+
+
+def test_a_new_instance_given_the_state_reports_the_incomplete_request_after_the_ttl():
+    chunk = tokens([NORMAL] * 4 + [0.3] * 3, request_id="stuck", chunk_index=0, final=False)
+    one_instance = EntropyAnomalyDetector(incomplete_ttl_s=60)
+    one_instance.process(chunk)
+    expected = one_instance.on_watermark(chunk.emitted_at + 61)
+    assert [d.error_type for d in expected] == ["incomplete_request"]
+
+    state: dict = {}
+    EntropyAnomalyDetector(incomplete_ttl_s=60, state=state).process(chunk)
+    recovered = EntropyAnomalyDetector(incomplete_ttl_s=60, state=state)
+    assert recovered.on_watermark(chunk.emitted_at + 59) == []
+    assert recovered.on_watermark(chunk.emitted_at + 61) == expected  # same id, reason and payload
+    assert state == {}
+    assert EntropyAnomalyDetector(incomplete_ttl_s=60).on_watermark(chunk.emitted_at + 61) == []  # forgotten
+
+
+def test_a_single_chunk_request_never_writes_the_state():
+    class RecordingState(dict):
+        def __init__(self):
+            super().__init__()
+            self.writes: list[str] = []
+
+        def __setitem__(self, key, value):
+            self.writes.append(key)
+            super().__setitem__(key, value)
+
+        def __delitem__(self, key):
+            self.writes.append(key)
+            super().__delitem__(key)
+
+    state = RecordingState()
+    detector = EntropyAnomalyDetector(state=state)
+    detector.process_batch([tokens([NORMAL] * 5 + [0.3] * 6, request_id=f"s{i}") for i in range(20)])
+    assert state.writes == [] and state == {}
+    first, second = boundary_loop(4)
+    detector.process(first)
+    detector.process(second)
+    assert state.writes == ["long", "long"] and state == {}  # chunk 0 wrote it, the final chunk deleted it
+
+
+def test_the_carry_round_trips_the_table_codec():
+    first, _ = boundary_loop(4)
+    state: dict = {}
+    EntropyAnomalyDetector(state=state).process(first)
+    carry = state["long"]
+    assert isinstance(carry, EntropyCarry) and carry.next_chunk == 1 and carry.open_runs["repetition_loop"].start == 8
+    spec = EntropyAnomalyDetector.table_state
+    assert spec.name == "entropy_carry"
+    raw = spec.encode(carry)
+    assert isinstance(raw, bytes) and spec.decode(raw) == carry
+    assert decode(spec.decode(raw).last_chunk) == first
+
+
+def test_the_carry_survives_through_a_recovered_table():
+    """The Faust path: writes go through TableState to the changelog, and a new table recovered
+    from that changelog alone gives the new instance the carry (chunk 1 on another worker)."""
+    first, second = boundary_loop(4)
+    one_instance = EntropyAnomalyDetector()
+    one_instance.process(first)
+    expected = one_instance.process(second)
+
+    table = FakeTable()
+    state = TableState(table, EntropyAnomalyDetector.table_state)
+    state.partition = 2
+    EntropyAnomalyDetector(state=state).process(first)
+    state.flush()
+    restarted = FakeTable()
+    restarted.recover(table.changelog)
+    state2 = TableState(restarted, EntropyAnomalyDetector.table_state)
+    state2.partition = 2
+    assert EntropyAnomalyDetector(state=state2).process(second) == expected
+    state2.flush()
+    assert restarted.changelog == [(2, b"long", None)] and dict(state2) == {}  # a tombstone: recovery drops it
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.3, 1.4, 3.0, 4.6, 6.0]), min_size=1, max_size=12), min_size=1, max_size=5))
+def test_chunks_split_across_instances_find_the_runs_of_the_whole_generation(chunks):
+    """Each chunk on a NEW instance sharing only ``state``: the runs are those of the unchunked sequence.
+
+    (Chunks are non-empty, as the collector ships them: an empty non-final chunk closes a carried run.)"""
+    state: dict = {}
+    found, first = [], 0
+    for i, values in enumerate(chunks):
+        record = tokens(values, request_id="g", chunk_index=i, first_token_index=first, final=i == len(chunks) - 1)
+        found += spans(EntropyAnomalyDetector(state=state).process(record))
+        first += len(values)
+    whole = spans(EntropyAnomalyDetector().process(tokens([v for c in chunks for v in c], request_id="g")))
+    assert sorted(found) == sorted(whole)
+    assert state == {}
