@@ -62,11 +62,11 @@ class JoinWorker:
         return self.log_path.read_text(errors="replace")[-4000:]
 
 
-def committed_total(bootstrap: str, group: str, topic: str) -> int:
+def committed_total(bootstrap: str, group: str, topic: str, partitions: int = PARTITIONS) -> int:
     """Sum of the group's committed offsets over the topic's partitions (= records acknowledged)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
-        offsets = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10)
+        offsets = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
     finally:
         consumer.close()
     return sum(max(tp.offset, 0) for tp in offsets)

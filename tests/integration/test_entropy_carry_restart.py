@@ -1,0 +1,128 @@
+"""The entropy detector's carry survives a SIGKILLed worker: a loop spanning a chunk boundary is one
+alert, and a request whose final chunk never comes is still reported after the TTL.
+
+The real ``entroloop worker`` (every processor, as deployed) processes and commits chunk 0 of three
+long requests: two end in a loop that chunk 1 continues (its tail alone is under ``min_run`` for
+one, over it for the other), one never sends chunk 1. The worker is SIGKILLed; chunk 1 of the first
+two is published with an event time past the incomplete-request TTL; a new worker starts. It has
+never seen chunk 0 (its offset was committed), so only the ``entropy_carry`` table recovered from
+its changelog can give it the runs' starts and the unfinished request. It must publish exactly what
+the detector gives in-process for all the chunks (same event ids, spans, alert keys, dead letter).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from entroloop.ids import NodeStamper
+from entroloop.kafka_topics import ensure_topics
+from entroloop.records import Alert, DeadLetter, Event, TokenEntropy, pack_entropies
+from entroloop.settings import Settings
+from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+from tests.integration.test_bad_case_join_restart import (
+    APP_ID,
+    committed_total,
+    publish,
+)
+from tests.integration.test_fleet_worker_kafka import start_worker
+from tests.integration.test_streams_worker_kafka import TopicReader
+
+pytestmark = pytest.mark.kafka
+
+CHUNK = 4096  # the collector's chunk size (collectors/vllm/ledger.py)
+NORMAL, LOOPING = 3.0, 0.3
+
+
+def chunk(stamper: NodeStamper, request_id: str, index: int, first: int, values: list[float], final: bool,
+          emitted_at: float) -> TokenEntropy:
+    stamp = {**stamper.stamp(), "emitted_at": emitted_at}
+    return TokenEntropy(**stamp, request_id=request_id, model="m", entropies=pack_entropies(values),
+                        chunk_index=index, first_token_index=first, final=final)
+
+
+def detector_from(settings: Settings) -> EntropyAnomalyDetector:
+    """The detector as the worker configures it (entroloop.runner.default_processors)."""
+    return EntropyAnomalyDetector(
+        loop_threshold=settings.loop_threshold_nats,
+        loop_min_run=settings.loop_min_run,
+        gibberish_threshold=settings.gibberish_threshold_nats,
+        gibberish_min_run=settings.gibberish_min_run,
+        incomplete_ttl_s=settings.incomplete_request_ttl_s,
+    )
+
+
+def entropy_outputs(records: list[Event]) -> tuple[list[tuple], list[tuple]]:
+    """(alerts, incomplete-request dead letters) as comparable tuples, sorted."""
+    alerts = sorted((a.event_id, a.request_id, a.token_start, a.token_end, a.alert_key) for a in records
+                    if isinstance(a, Alert) and a.rule in (LOOP, GIBBERISH))
+    letters = sorted((d.event_id, d.request_id, d.reason, d.payload, d.payload_size) for d in records
+                     if isinstance(d, DeadLetter) and d.error_type == "incomplete_request")
+    return alerts, letters
+
+
+def test_chunk_carry_is_recovered_by_a_new_worker_after_a_kill(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    settings = Settings()
+    min_run, ttl = settings.loop_min_run, settings.incomplete_request_ttl_s
+    stamper = NodeStamper("node-carry-test")
+    t0 = time.time()
+    head = [NORMAL] * (CHUNK - (min_run - 1)) + [LOOPING] * (min_run - 1)  # a loop too short alone
+    first = [chunk(stamper, rid, 0, 0, head, False, t0) for rid in ("short-tail", "long-tail", "never-ends")]
+    # Chunk 1 comes after the TTL of the request that never ends (event time), so it expires it.
+    later = t0 + ttl + 1
+    second = [
+        chunk(stamper, "short-tail", 1, CHUNK, [LOOPING] * (min_run - 1) + [NORMAL] * 50, True, later),
+        chunk(stamper, "long-tail", 1, CHUNK, [LOOPING] * (min_run + 2) + [NORMAL] * 50, True, later),
+    ]
+
+    in_process = detector_from(settings)
+    reference = in_process.process_batch(first) + in_process.process_batch(second)
+    reference += in_process.on_watermark(later)
+    expected = entropy_outputs(reference)
+    start = CHUNK - (min_run - 1)
+    assert [(rid, s, e) for _, rid, s, e, _ in expected[0]] == sorted(
+        [("short-tail", start, CHUNK + min_run - 1), ("long-tail", start, CHUNK + min_run + 2)]
+    )
+    assert [rid for _, rid, *_ in expected[1]] == ["never-ends"]
+
+    ensure_topics(kafka_bootstrap, topic_prefix, settings.partitions)
+    tokens_topic, group = topic_prefix + TokenEntropy.topic, topic_prefix + APP_ID
+    alerts = TopicReader(kafka_bootstrap, topic_prefix + Alert.topic)
+    letters = TopicReader(kafka_bootstrap, topic_prefix + DeadLetter.topic)
+    try:
+        publish(kafka_bootstrap, topic_prefix, first)
+        worker, log_path = start_worker(kafka_bootstrap, topic_prefix, tmp_path)
+        deadline = time.monotonic() + 120
+        # Chunk 0 processed and its offsets committed (its carry is in the changelog before that).
+        while committed_total(kafka_bootstrap, group, tokens_topic, settings.partitions) < len(first):
+            assert worker.poll() is None, f"worker died:\n{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"chunk 0 not committed:\n{log_path.read_text()[-3000:]}"
+            time.sleep(0.5)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+
+        publish(kafka_bootstrap, topic_prefix, second)
+        worker, log_path = start_worker(kafka_bootstrap, topic_prefix, tmp_path)
+        try:
+            deadline = time.monotonic() + 120
+            while committed_total(kafka_bootstrap, group, tokens_topic, settings.partitions) < len(first) + len(second):
+                assert worker.poll() is None, f"worker died:\n{log_path.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"chunk 1 not committed:\n{log_path.read_text()[-3000:]}"
+                time.sleep(0.5)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=60)
+        # Outputs are flushed before their inputs are committed: a short read collects them all.
+        alerts.read_until(lambda rs: False, timeout=3)
+        letters.read_until(lambda rs: False, timeout=1)
+    finally:
+        alerts.close()
+        letters.close()
+    got = entropy_outputs(alerts.records + letters.records)
+    assert got[0] == expected[0], f"alerts: got {got[0]}, expected {expected[0]}\n{log_path.read_text()[-3000:]}"
+    assert got[1] == expected[1], f"dead letters: got {[d[:3] for d in got[1]]}, expected {[d[:3] for d in expected[1]]}"
