@@ -9,12 +9,18 @@ an open run at the end of a non-final chunk is carried to the next chunk so a lo
 boundary is one alert, and a request whose final chunk never comes becomes an
 ``incomplete_request`` dead letter ``incomplete_ttl_s`` of event time after its last chunk.
 
-That carry lives in ``state``: one ``EntropyCarry`` per request id, written by a non-final chunk
-and deleted by the final one (a single-chunk request only checks that its key is absent). Under
-the Faust worker ``state`` is a changelogged table (``table_state``, ``streams.table_state``),
+That carry lives in ``state``: one ``EntropyCarry`` per request id, written by each chunk of a
+multi-chunk request (a single-chunk request only looks its key up and finds nothing). Under the
+Faust worker ``state`` is a changelogged table (``table_state``, ``streams.table_state``),
 co-partitioned with the token topic, so the carry is durable: it survives a worker restart
 (SIGKILL, deploy) or a rebalance that moves the request's partition to another worker between two
 chunks. In the embedded runner it is a plain dict.
+
+Delivery is at-least-once, so the latest chunk of a request can come again (a worker that died
+before committing it; Faust also hands prefetched records over a second time after a table
+recovery). The carry remembers the runs each chunk joined, so a redelivered chunk yields the same
+alerts and leaves the carry as it was; for that, the final chunk leaves a small ``finished`` entry
+instead of deleting the key, and the TTL drops it (a tombstone under Faust) without a dead letter.
 """
 
 from __future__ import annotations
@@ -57,17 +63,23 @@ class OpenRun(msgspec.Struct, array_like=True):
 
 
 class EntropyCarry(msgspec.Struct):
-    """What one request carries from its latest non-final chunk to the next (the ``state`` value)."""
+    """What one request carries from its latest chunk to the next (the ``state`` value)."""
 
     next_chunk: int
     """The chunk the open runs continue into; another chunk index does not join them."""
     last_emitted_at: float
-    """Event time of the latest non-final chunk: the incomplete-request TTL counts from it."""
-    last_chunk: bytes
-    """That chunk, encoded (``entroloop.codec``): the incomplete-request dead letter is derived
-    from it and carries it as its payload."""
+    """Event time of the latest chunk: the TTL counts from it."""
+    last_chunk: bytes = b""
+    """The latest chunk, encoded (``entroloop.codec``), while the request is unfinished: the
+    incomplete-request dead letter is derived from it and carries it as its payload."""
     open_runs: dict[str, OpenRun] = {}
-    """Rule name -> run open at the end of that chunk."""
+    """Rule name -> run open at the end of the latest chunk."""
+    joined: dict[int, dict[str, OpenRun]] = {}
+    """Chunk index -> rule name -> run carried into that chunk (chunks that joined none are left
+    out): a redelivered chunk joins the same runs again, so it yields the same alerts."""
+    finished: bool = False
+    """The latest chunk was the final one: kept until the TTL only for a redelivery, then
+    dropped without a dead letter."""
 
 
 _CARRY_ENCODER = msgspec.msgpack.Encoder()
@@ -89,8 +101,8 @@ class EntropyAnomalyDetector(Processor):
     name = "entropy_anomaly"
     inputs = (TokenEntropy,)
     # Under Faust, ``state`` is this changelogged table (streams.table_state): the carry between
-    # two chunks of a request survives a worker restart or rebalance. The final chunk and TTL
-    # expiry delete entries, which writes tombstones, so recovery drops them too.
+    # two chunks of a request survives a worker restart or rebalance. TTL expiry deletes entries,
+    # which writes tombstones, so recovery drops them too.
     table_state: ClassVar[TableStateSpec[EntropyCarry]] = TableStateSpec("entropy_carry", encode_carry, decode_carry)
 
     def __init__(
@@ -109,7 +121,7 @@ class EntropyAnomalyDetector(Processor):
         # A request whose final chunk never comes becomes a dead letter once event time is
         # incomplete_ttl_s past its latest chunk.
         self.incomplete_ttl_s = incomplete_ttl_s
-        # request_id -> EntropyCarry of a request whose final chunk has not come yet. A Faust table
+        # request_id -> EntropyCarry of a multi-chunk request, until the TTL. A Faust table
         # (with changelog) can stand in for this dict: an entry is only ever replaced whole
         # (``state[key] = carry``), never changed in place, so the table sees every change.
         self.state: MutableMapping[str, EntropyCarry] = state if state is not None else {}
@@ -146,8 +158,7 @@ class EntropyAnomalyDetector(Processor):
             carry = state.get(request_id)
             if carry is None and record.final and not runs:
                 continue
-            carried = carry.open_runs if carry is not None and carry.next_chunk == record.chunk_index else {}
-            # (an out-of-order chunk is judged on its own rather than joined to the wrong tokens)
+            carried = self._carried_into(record, carry)
             still_open: dict[str, OpenRun] = {}
             found: list[Event] = []
             for rule in self.rules:
@@ -156,16 +167,39 @@ class EntropyAnomalyDetector(Processor):
                     if end - start >= rule.min_run:
                         found.append(self._alert(record, rule, start, end, total / (end - start), len(found)))
             alerts.extend(found)
-            if not record.final:
+            if carry is not None and record.chunk_index < carry.next_chunk:
+                continue  # a redelivered chunk: it changes nothing the first delivery did not
+            if not record.final or carry is not None:
+                joined = carry.joined if carry is not None else {}
+                if carried:
+                    joined = {**joined, record.chunk_index: carried}
+                # The final chunk does not delete: a redelivered final chunk (a worker that died
+                # before committing it, or Faust handing prefetched records over again after a
+                # recovery) must join the same runs, or it republishes its alert's event id with a
+                # wrong start. The finished entry is small (no chunk bytes) and lives until the TTL.
                 state[request_id] = EntropyCarry(
                     next_chunk=record.chunk_index + 1,
                     last_emitted_at=record.emitted_at,
-                    last_chunk=encode(record),
+                    last_chunk=b"" if record.final else encode(record),
                     open_runs=still_open,
+                    joined=joined,
+                    finished=record.final,
                 )
-            elif carry is not None:
-                del state[request_id]
         return alerts
+
+    @staticmethod
+    def _carried_into(record: TokenEntropy, carry: EntropyCarry | None) -> dict[str, OpenRun]:
+        """Rule name -> run the chunk continues: the runs open at the end of the previous chunk, or,
+        for a redelivered chunk (an index already seen: chunks of one request come in order), the
+        runs it joined the first time. A chunk after a gap is judged on its own rather than joined
+        to the wrong tokens."""
+        if carry is None:
+            return {}
+        if record.chunk_index == carry.next_chunk and not carry.finished:
+            return carry.open_runs
+        if record.chunk_index < carry.next_chunk:
+            return carry.joined.get(record.chunk_index, {})
+        return {}
 
     @staticmethod
     def _candidate_runs(rule: RunRule, flat: np.ndarray, bounds: np.ndarray) -> list[tuple[int, int, int]]:
@@ -216,12 +250,16 @@ class EntropyAnomalyDetector(Processor):
         return closed
 
     def on_watermark(self, event_time: float) -> list[Event]:
-        """Requests whose final chunk has not come within the TTL: a dead letter each, state dropped."""
+        """Requests whose final chunk has not come within the TTL: a dead letter each, state dropped
+        (and that of finished requests, kept for a redelivery of their final chunk)."""
         ttl = self.incomplete_ttl_s
         expired = [rid for rid, carry in self.state.items() if carry.last_emitted_at + ttl < event_time]
         out: list[Event] = []
         for request_id in expired:
-            payload = self.state.pop(request_id).last_chunk
+            carry = self.state.pop(request_id)
+            if carry.finished:
+                continue
+            payload = carry.last_chunk
             last = decode(payload)
             assert isinstance(last, TokenEntropy)
             out.append(derive(

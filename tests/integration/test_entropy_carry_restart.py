@@ -56,7 +56,7 @@ def detector_from(settings: Settings) -> EntropyAnomalyDetector:
 
 
 def entropy_outputs(records: list[Event]) -> tuple[list[tuple], list[tuple]]:
-    """(alerts, incomplete-request dead letters) as comparable tuples, sorted."""
+    """(alerts, incomplete-request dead letters) as comparable tuples, sorted; repeats kept."""
     alerts = sorted((a.event_id, a.request_id, a.token_start, a.token_end, a.alert_key) for a in records
                     if isinstance(a, Alert) and a.rule in (LOOP, GIBBERISH))
     letters = sorted((d.event_id, d.request_id, d.reason, d.payload, d.payload_size) for d in records
@@ -85,7 +85,7 @@ def test_chunk_carry_is_recovered_by_a_new_worker_after_a_kill(
     reference += in_process.on_watermark(later)
     expected = entropy_outputs(reference)
     start = CHUNK - (min_run - 1)
-    assert [(rid, s, e) for _, rid, s, e, _ in expected[0]] == sorted(
+    assert sorted((rid, s, e) for _, rid, s, e, _ in expected[0]) == sorted(
         [("short-tail", start, CHUNK + min_run - 1), ("long-tail", start, CHUNK + min_run + 2)]
     )
     assert [rid for _, rid, *_ in expected[1]] == ["never-ends"]
@@ -117,12 +117,23 @@ def test_chunk_carry_is_recovered_by_a_new_worker_after_a_kill(
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=60)
-        # Outputs are flushed before their inputs are committed: a short read collects them all.
-        alerts.read_until(lambda rs: False, timeout=3)
+        # Outputs are flushed before their inputs are committed, so they are all on the topics now;
+        # then a short read more catches any duplicate.
+        alerts.read_until(lambda rs: len(set(entropy_outputs(rs)[0])) >= len(expected[0]), timeout=30)
+        letters.read_until(lambda rs: len(set(entropy_outputs(rs)[1])) >= len(expected[1]), timeout=30)
+        alerts.read_until(lambda rs: False, timeout=1)
         letters.read_until(lambda rs: False, timeout=1)
     finally:
         alerts.close()
         letters.close()
     got = entropy_outputs(alerts.records + letters.records)
-    assert got[0] == expected[0], f"alerts: got {got[0]}, expected {expected[0]}\n{log_path.read_text()[-3000:]}"
-    assert got[1] == expected[1], f"dead letters: got {[d[:3] for d in got[1]]}, expected {[d[:3] for d in expected[1]]}"
+    # At-least-once: a record may be published twice (Faust hands the records it prefetched during a
+    # table recovery over again after seeking to the committed offsets), but every copy must be
+    # the in-process record, so the sinks' event-id dedup keeps the right one. Expected ids are
+    # unique, so equal sets mean every copy of an id is identical.
+    assert sorted(set(got[0])) == expected[0], f"alerts: got {got[0]}, expected {expected[0]}\n{log_path.read_text()[-3000:]}"
+    assert sorted(set(got[1])) == expected[1], (
+        f"dead letters: got {[d[:3] for d in got[1]]}, expected {[d[:3] for d in expected[1]]}"
+    )
+    print(f"\nentropy carry across a kill: {len(expected[0])} alerts, {len(expected[1])} dead letter; "
+          f"published copies: {len(got[0])} alerts, {len(got[1])} dead letters")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from entroloop.codec import decode
 from entroloop.ids import NodeStamper
 from entroloop.records import Alert, DeadLetter, TokenEntropy, pack_entropies
-from streams.entropy_anomaly import EntropyAnomalyDetector, EntropyCarry
+from streams.entropy_anomaly import EntropyAnomalyDetector, EntropyCarry, decode_carry
 from streams.table_state import TableState
 
 from .test_table_state import FakeTable
@@ -143,6 +143,15 @@ def boundary_loop(tail: int) -> tuple[TokenEntropy, TokenEntropy]:
     return first, second
 
 
+def assert_finished_then_dropped(detector: EntropyAnomalyDetector, final: TokenEntropy) -> None:
+    """After the final chunk the request keeps only a small finished marker (no chunk bytes, for a
+    redelivery of that chunk); the TTL drops it without a dead letter."""
+    carry = detector.state[final.request_id]
+    assert carry.finished and carry.last_chunk == b"" and carry.open_runs == {}
+    assert detector.on_watermark(final.emitted_at + detector.incomplete_ttl_s + 1) == []
+    assert final.request_id not in detector.state
+
+
 @pytest.mark.parametrize("tail", [4, 6])  # 4: the tail alone is under min_run; 6: it is not
 def test_a_new_instance_given_the_state_continues_a_loop_across_the_chunk_boundary(tail):
     first, second = boundary_loop(tail)
@@ -155,7 +164,7 @@ def test_a_new_instance_given_the_state_continues_a_loop_across_the_chunk_bounda
     assert EntropyAnomalyDetector(state=state).process(first) == []
     recovered = EntropyAnomalyDetector(state=state)  # the worker restarted, or the partition moved
     assert recovered.process(second) == expected  # same event id, span and alert key
-    assert state == {}  # the final chunk dropped the request's carry
+    assert_finished_then_dropped(recovered, second)
 
     # Without the state the next instance sees only the tail: no alert, or one with the wrong start.
     forgetful = EntropyAnomalyDetector().process(second)
@@ -193,6 +202,11 @@ def test_a_single_chunk_request_never_writes_the_state():
             self.writes.append(key)
             super().__delitem__(key)
 
+        def pop(self, key, *default):
+            if key in self:
+                self.writes.append(key)
+            return super().pop(key, *default)
+
     state = RecordingState()
     detector = EntropyAnomalyDetector(state=state)
     detector.process_batch([tokens([NORMAL] * 5 + [0.3] * 6, request_id=f"s{i}") for i in range(20)])
@@ -200,7 +214,9 @@ def test_a_single_chunk_request_never_writes_the_state():
     first, second = boundary_loop(4)
     detector.process(first)
     detector.process(second)
-    assert state.writes == ["long", "long"] and state == {}  # chunk 0 wrote it, the final chunk deleted it
+    assert state.writes == ["long", "long"]  # chunk 0 wrote its carry, the final chunk its finished marker
+    assert_finished_then_dropped(detector, second)
+    assert state.writes == ["long", "long", "long"] and state == {}
 
 
 def test_the_carry_round_trips_the_table_codec():
@@ -233,23 +249,71 @@ def test_the_carry_survives_through_a_recovered_table():
     restarted.recover(table.changelog)
     state2 = TableState(restarted, EntropyAnomalyDetector.table_state)
     state2.partition = 2
-    assert EntropyAnomalyDetector(state=state2).process(second) == expected
+    recovered = EntropyAnomalyDetector(state=state2)
+    assert recovered.process(second) == expected
     state2.flush()
-    assert restarted.changelog == [(2, b"long", None)] and dict(state2) == {}  # a tombstone: recovery drops it
+    [(partition, key, marker)] = restarted.changelog
+    assert (partition, key) == (2, b"long") and marker is not None and decode_carry(marker).finished
+    state2.partition = None  # expiry runs outside a partition group: the key's partition is known
+    assert_finished_then_dropped(recovered, second)
+    state2.flush()
+    assert restarted.changelog[-1] == (2, b"long", None) and dict(state2) == {}  # a tombstone: recovery drops it
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(st.sampled_from([0.3, 1.4, 3.0, 4.6, 6.0]), min_size=1, max_size=12), min_size=1, max_size=5))
-def test_chunks_split_across_instances_find_the_runs_of_the_whole_generation(chunks):
-    """Each chunk on a NEW instance sharing only ``state``: the runs are those of the unchunked sequence.
+@given(
+    st.lists(st.lists(st.sampled_from([0.3, 1.4, 3.0, 4.6, 6.0]), min_size=1, max_size=12), min_size=1, max_size=5),
+    st.integers(min_value=0, max_value=4),
+)
+def test_chunks_split_across_instances_find_the_runs_of_the_whole_generation(chunks, replay_from):
+    """Each chunk on a NEW instance sharing only ``state``: the runs are those of the unchunked
+    sequence. Then the chunks from ``replay_from`` on are delivered again (a worker that died before
+    committing them): each yields exactly what it yielded the first time.
 
     (Chunks are non-empty, as the collector ships them: an empty non-final chunk closes a carried run.)"""
     state: dict = {}
-    found, first = [], 0
+    records, first = [], 0
     for i, values in enumerate(chunks):
-        record = tokens(values, request_id="g", chunk_index=i, first_token_index=first, final=i == len(chunks) - 1)
-        found += spans(EntropyAnomalyDetector(state=state).process(record))
+        records.append(tokens(values, request_id="g", chunk_index=i, first_token_index=first,
+                              final=i == len(chunks) - 1))
         first += len(values)
+    per_chunk = [EntropyAnomalyDetector(state=state).process(record) for record in records]
     whole = spans(EntropyAnomalyDetector().process(tokens([v for c in chunks for v in c], request_id="g")))
-    assert sorted(found) == sorted(whole)
-    assert state == {}
+    assert sorted(spans([a for alerts in per_chunk for a in alerts])) == sorted(whole)
+    after_first_pass = dict(state)
+    for record, alerts in list(zip(records, per_chunk))[replay_from:]:
+        assert EntropyAnomalyDetector(state=state).process(record) == alerts
+    assert state == after_first_pass  # redelivery changes nothing
+    assert [carry.finished for carry in state.values()] == ([True] if len(chunks) > 1 else [])
+
+
+# --- at-least-once: a redelivered chunk yields the alerts it yielded the first time -------------
+
+
+@pytest.mark.parametrize("tail", [4, 6])
+def test_a_redelivered_final_chunk_yields_the_same_alert(tail):
+    """A worker that dies after processing the final chunk but before committing its offset, or
+    Faust delivering prefetched records again after table recovery, hands the chunk over twice."""
+    first, second = boundary_loop(tail)
+    state: dict = {}
+    EntropyAnomalyDetector(state=state).process(first)
+    expected = EntropyAnomalyDetector(state=state).process(second)
+    assert spans(expected) == [("repetition_loop", 8, 11 + tail)]
+    assert EntropyAnomalyDetector(state=state).process(second) == expected  # not (11, 11 + tail)
+
+
+def test_a_redelivered_non_final_chunk_yields_the_same_alerts_and_carry():
+    first, _ = boundary_loop(4)  # chunk 0 ends in a loop at 8..11
+    # chunk 1 closes that loop at 14 and opens another at 16 that chunk 2 closes at 22
+    middle = tokens([0.3] * 3 + [NORMAL] * 2 + [0.3] * 2, request_id="long", chunk_index=1, first_token_index=11,
+                    final=False)
+    last = tokens([0.3] * 4, request_id="long", chunk_index=2, first_token_index=18, final=True)
+    once = EntropyAnomalyDetector()
+    expected = once.process(first) + once.process(middle) + once.process(last)
+    assert spans(expected) == [("repetition_loop", 8, 14), ("repetition_loop", 16, 22)]
+
+    twice = EntropyAnomalyDetector()
+    twice.process(first)
+    assert twice.process(middle) == expected[:1]
+    assert twice.process(middle) == expected[:1]  # redelivered: the same run 8..14 and the same carry
+    assert twice.process(last) == expected[1:]
