@@ -21,6 +21,10 @@ is never acknowledged before an earlier one of the same partition. ``build_strea
 ``concurrency != 1`` unless the caller explicitly accepts the loss (only the test that proves the
 guard does that). Scale with partitions and more worker processes instead.
 
+Faust's offset bookkeeping is guarded for the input topics (``streams.faust_offsets``): after a
+rebalance its fetch loop could take stale prefetched records for a compaction gap and commit past
+records no processor saw; guarded, a record may be processed twice but is never skipped.
+
 Durable state: a processor that declares ``table_state`` (``streams.table_state.TableStateSpec``;
 the bad-case join does) gets a Faust table with a compacted changelog as its ``state``, co-
 partitioned with its input topics (all keyed by ``request_id``, same partition count), so a
@@ -56,6 +60,7 @@ from entroloop.records import DeadLetter, Event, Health
 from entroloop.settings import Settings
 from entroloop.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
 from streams.base import Processor
+from streams.faust_offsets import guard_consumer_offsets
 from streams.table_state import TableState, TableStateSpec
 
 log = logging.getLogger(__name__)
@@ -186,6 +191,8 @@ class StreamsApp:
         self.input_topics = sorted({TOPIC_BY_TYPE[t].name for t in self._routes})
         for name in self.input_topics:
             self._add_agent(name)
+        # Faust's rebalance race can commit past records never processed (streams.faust_offsets).
+        guard_consumer_offsets(self.app.consumer, [config.topic_prefix + name for name in self.input_topics])
         self.app.timer(config.health_interval_s)(self._publish_health)
 
     # --- wiring --------------------------------------------------------------------------------

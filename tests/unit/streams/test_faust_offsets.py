@@ -1,0 +1,108 @@
+"""The guard against Faust's rebalance race (streams.faust_offsets), on Faust's own consumer code.
+
+The race, as logged in the rebalance reliability test: after a seek to the committed offset 154,
+Faust's fetch loop still hands over a record fetched at the old position (179), then the records
+re-fetched from 154. ``Consumer._drain_messages`` runs here unchanged on that scripted sequence:
+unguarded it marks 155..178 as a compaction gap and drops the re-fetched records (the loss);
+guarded it delivers every record and commits nothing past an unprocessed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from entroloop.settings import Settings
+from streams.app import build_streams_app
+from streams.faust_offsets import guard_consumer_offsets
+
+
+def _consumer(guarded: bool) -> tuple[Any, str]:
+    """The worker app's consumer (guarded), or a plain Faust app's (the bookkeeping it replaces)."""
+    if guarded:
+        app = build_streams_app(Settings(kafka_bootstrap="127.0.0.1:9", topic_prefix="t.")).app
+    else:
+        app = faust.App("plain", broker="kafka://127.0.0.1:9", web_enabled=False)
+    return app.consumer, "t.entroloop.tokens.v1"
+
+
+def _drain(consumer: Any, topic: str, committed: int, offsets: list[int]) -> list[int]:
+    """Run Faust's ``_drain_messages`` over ``offsets`` (one getmany batch each) after a seek to
+    ``committed``; returns the offsets it delivered to the streams."""
+    tp = TP(topic, 4)
+    consumer._read_offset[tp] = committed  # what perform_seek sets
+    consumer._committed_offset[tp] = committed
+    delivered: list[int] = []
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+
+    async def callback(message: Any) -> None:
+        delivered.append(message.offset)
+
+    async def getmany(timeout: float):  # noqa: ANN202 - Faust's async iterator protocol
+        for offset in offsets:
+            yield tp, SimpleNamespace(offset=offset, topic=topic, key=b"k", value=b"v")
+        fetcher._stopped.set()
+
+    consumer.callback = callback
+    consumer.getmany = getmany
+    consumer.app.topics.acks_enabled_for = lambda _topic: True
+    # on the consumer's own loop: Faust's services create their futures there
+    consumer.loop.run_until_complete(asyncio.wait_for(consumer._drain_messages(fetcher), 30))
+    return delivered
+
+
+STALE_THEN_REFETCHED = [179, 180, *range(154, 181)]
+
+
+def test_unguarded_faust_drops_the_refetched_records_and_marks_them_as_a_gap() -> None:
+    consumer, topic = _consumer(guarded=False)
+    delivered = _drain(consumer, topic, 154, STALE_THEN_REFETCHED)
+    assert delivered == [179, 180, 180]  # the re-fetched 154..179 dropped as "already read"
+    gap = consumer._gap[TP(topic, 4)]
+    assert sorted((i.begin, i.end) for i in gap) == [(155, 180)]  # 155..179 taken as compacted away
+
+
+def test_guarded_consumer_delivers_every_record_and_adds_no_gap() -> None:
+    consumer, topic = _consumer(guarded=True)
+    delivered = _drain(consumer, topic, 154, STALE_THEN_REFETCHED)
+    assert delivered == STALE_THEN_REFETCHED  # the stale ones twice: at-least-once, never fewer
+    assert not consumer._gap[TP(topic, 4)]
+
+
+def test_guarded_commit_waits_for_the_record_at_the_committed_offset() -> None:
+    consumer, topic = _consumer(guarded=True)
+    tp = TP(topic, 4)
+    consumer._committed_offset[tp] = 154
+    consumer._acked[tp] = list(range(155, 181))  # everything but the head
+    assert consumer._new_offset(tp) is None
+    consumer._acked[tp].append(154)
+    assert consumer._new_offset(tp) == 181
+
+
+def test_faust_alone_commits_past_a_one_offset_hole_at_the_head() -> None:
+    """The behaviour the strict commit replaces (faust-streaming issue 606)."""
+    consumer, topic = _consumer(guarded=False)
+    tp = TP(topic, 4)
+    consumer._committed_offset[tp] = 154
+    consumer._acked[tp] = list(range(155, 181))
+    assert consumer._new_offset(tp) == 181  # 154 never processed, yet committed past
+
+
+def test_faust_internal_topics_keep_fausts_read_offsets() -> None:
+    consumer, topic = _consumer(guarded=True)
+    changelog = TP("t.entroloop-streams-bad_case_join-changelog", 0)
+    consumer._read_offset[changelog] = 42
+    consumer._read_offset[TP(topic, 0)] = 42
+    assert consumer._read_offset[changelog] == 42
+    assert consumer._read_offset[TP(topic, 0)] is None
+
+
+def test_guard_keeps_offsets_read_before_it_was_installed() -> None:
+    consumer, _ = _consumer(guarded=False)
+    consumer._read_offset[TP("other", 0)] = 7
+    guard_consumer_offsets(consumer, ["t.entroloop.tokens.v1"])
+    assert consumer._read_offset[TP("other", 0)] == 7
