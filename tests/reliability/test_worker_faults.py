@@ -120,6 +120,10 @@ def test_rebalance_second_worker_joins_then_leaves(kafka_bootstrap: str, topic_p
         assert reader.ids, f"the first worker made no progress:\n{first_log.read_text()[-3000:]}"
         second, second_log = fleet_worker.start_worker(kafka_bootstrap, topic_prefix, tmp_path)
         joined_at = len(reader.ids)
+        deadline = time.monotonic() + 90  # it has joined once it owns partitions
+        while "Worker ready" not in second_log.read_text() and time.monotonic() < deadline and second.poll() is None:
+            reader.read(0.5)
+        assert "Worker ready" in second_log.read_text(), second_log.read_text()[-3000:]
         reader.read(8.0)  # both workers share the partitions for a while
         assert second.poll() is None, second_log.read_text()[-3000:]
         second.send_signal(signal.SIGTERM)  # it leaves: its partitions go back to the first
