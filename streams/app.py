@@ -18,8 +18,10 @@ an event that is still being processed (``Consumer._new_offset`` treats a one-of
 committed head as a compaction gap), and a crash then loses that event. Each agent therefore runs
 exactly one actor, which processes its topic's events in offset order per partition, so an event
 is never acknowledged before an earlier one of the same partition. ``build_streams_app`` refuses
-``concurrency != 1`` unless the caller explicitly accepts the loss (only the test that proves the
-guard does that). Scale with partitions and more worker processes instead.
+``concurrency != 1`` unless the caller explicitly accepts it (only a test does). The strict commit
+of ``streams.faust_offsets`` now closes that loss as well; one actor stays the rule because the
+processors rely on per-partition order (chunk carry, bad-case join). Scale with partitions and
+more worker processes instead.
 
 Faust's offset bookkeeping is guarded for the input topics (``streams.faust_offsets``): after a
 rebalance its fetch loop could take stale prefetched records for a compaction gap and commit past

@@ -19,13 +19,15 @@ handling), this module:
   which at-least-once and the deterministic derived event ids already absorb;
 - makes the commit strict: a partition's offset is committed only when the lowest acknowledged
   offset is exactly the committed one (Faust also accepts a hole of one offset at the head, the
-  root of faust-streaming issue 606), so a commit never skips an unprocessed record.
+  root of faust-streaming issue 606), so a commit never skips an unprocessed record. A partition
+  the group never committed starts at its log start offset (asked from the broker after each
+  seek), where Faust would take whatever offset happened to be acknowledged first.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 
@@ -58,8 +60,24 @@ def strict_new_offset(consumer: Any, guarded_topics: frozenset[str], faust_new_o
     return new_offset
 
 
+def seek_with_log_start(consumer: Any, guarded_topics: frozenset[str], faust_perform_seek: Callable[[], Awaitable[None]]):
+    """``Consumer.perform_seek`` that also gives never-committed guarded partitions their log start
+    offset as the committed head, so the strict commit has a head to wait for."""
+
+    async def perform_seek() -> None:
+        await faust_perform_seek()
+        uncommitted = [tp for tp in consumer.assignment()
+                       if tp.topic in guarded_topics and consumer._committed_offset[tp] is None]
+        if uncommitted:
+            for tp, offset in (await consumer.earliest_offsets(*uncommitted)).items():
+                if offset is not None and consumer._committed_offset[tp] is None:
+                    consumer._committed_offset[tp] = offset
+
+    return perform_seek
+
+
 def guard_consumer_offsets(consumer: Any, guarded_topics: Iterable[str]) -> None:
-    """Install both guards on one Faust consumer (before its fetcher starts: the drain loop binds
+    """Install the guards on one Faust consumer (before its fetcher starts: the drain loop binds
     ``_read_offset``'s methods when it starts)."""
     topics = frozenset(guarded_topics)
     previous = consumer._read_offset
@@ -67,6 +85,7 @@ def guard_consumer_offsets(consumer: Any, guarded_topics: Iterable[str]) -> None
     offsets.update(previous)
     consumer._read_offset = offsets
     consumer._new_offset = strict_new_offset(consumer, topics, consumer._new_offset)
+    consumer.perform_seek = seek_with_log_start(consumer, topics, consumer.perform_seek)
 
 
-__all__ = ["ReadOffsets", "guard_consumer_offsets", "strict_new_offset"]
+__all__ = ["ReadOffsets", "guard_consumer_offsets", "seek_with_log_start", "strict_new_offset"]

@@ -18,7 +18,7 @@ from faust.types import TP
 
 from entroloop.settings import Settings
 from streams.app import build_streams_app
-from streams.faust_offsets import guard_consumer_offsets
+from streams.faust_offsets import guard_consumer_offsets, seek_with_log_start
 
 
 def _consumer(guarded: bool) -> tuple[Any, str]:
@@ -106,3 +106,29 @@ def test_guard_keeps_offsets_read_before_it_was_installed() -> None:
     consumer._read_offset[TP("other", 0)] = 7
     guard_consumer_offsets(consumer, ["t.entroloop.tokens.v1"])
     assert consumer._read_offset[TP("other", 0)] == 7
+
+
+def test_a_never_committed_partition_waits_for_its_log_start_offset() -> None:
+    """A fresh group: Faust knows no committed offset, so it would commit from whatever offset was
+    acknowledged first; after the guarded seek the head is the partition's log start offset."""
+    consumer, topic = _consumer(guarded=True)
+    tp = TP(topic, 2)
+    seeks: list[str] = []
+
+    async def faust_seek() -> None:
+        seeks.append("faust")
+
+    async def earliest_offsets(*tps: TP) -> dict[TP, int]:
+        return {t: 0 for t in tps}
+
+    consumer.assignment = lambda: {tp, TP("t.entroloop-streams-bad_case_join-changelog", 2)}
+    consumer.earliest_offsets = earliest_offsets
+    consumer.perform_seek = seek_with_log_start(
+        consumer, frozenset([topic]), faust_seek)
+    consumer.loop.run_until_complete(consumer.perform_seek())
+    assert seeks == ["faust"] and consumer._committed_offset[tp] == 0
+    assert consumer._committed_offset[TP("t.entroloop-streams-bad_case_join-changelog", 2)] is None
+    consumer._acked[tp] = list(range(1, 10))  # offset 0 still in flight
+    assert consumer._new_offset(tp) is None
+    consumer._acked[tp].append(0)
+    assert consumer._new_offset(tp) == 10
