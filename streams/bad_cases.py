@@ -38,17 +38,10 @@ class JoinEntry(msgspec.Struct):
     last_seen: float = 0.0
 
 
-_ENTRY_ENCODER = msgspec.msgpack.Encoder()
-_ENTRY_DECODER = msgspec.msgpack.Decoder(JoinEntry)
-
-
-def encode_entry(entry: JoinEntry) -> bytes:
-    """Table value serializer (changelog bytes)."""
-    return _ENTRY_ENCODER.encode(entry)
-
-
-def decode_entry(payload: bytes) -> JoinEntry:
-    return _ENTRY_DECODER.decode(payload)
+JOIN_STATE: TableStateSpec[JoinEntry] = TableStateSpec.msgpack("bad_case_join", JoinEntry)
+encode_entry = JOIN_STATE.encode
+"""Table value serializer (changelog bytes)."""
+decode_entry = JOIN_STATE.decode
 
 
 # --- diff and minimal failing example --------------------------------------------------------
@@ -153,7 +146,7 @@ class BadCaseJoiner(Processor):
     inputs = (Audit, Feedback)
     # Under Faust, ``state`` is this changelogged table (streams.table_state): the join survives a
     # worker restart. Expiry deletes entries, which writes tombstones, so recovery drops them too.
-    table_state: ClassVar[TableStateSpec[JoinEntry]] = TableStateSpec("bad_case_join", encode_entry, decode_entry)
+    table_state: ClassVar[TableStateSpec[JoinEntry]] = JOIN_STATE
 
     def __init__(
         self,

@@ -82,17 +82,10 @@ class EntropyCarry(msgspec.Struct):
     dropped without a dead letter."""
 
 
-_CARRY_ENCODER = msgspec.msgpack.Encoder()
-_CARRY_DECODER = msgspec.msgpack.Decoder(EntropyCarry)
-
-
-def encode_carry(carry: EntropyCarry) -> bytes:
-    """Table value serializer (changelog bytes)."""
-    return _CARRY_ENCODER.encode(carry)
-
-
-def decode_carry(payload: bytes) -> EntropyCarry:
-    return _CARRY_DECODER.decode(payload)
+CARRY_STATE: TableStateSpec[EntropyCarry] = TableStateSpec.msgpack("entropy_carry", EntropyCarry)
+encode_carry = CARRY_STATE.encode
+"""Table value serializer (changelog bytes)."""
+decode_carry = CARRY_STATE.decode
 
 
 class EntropyAnomalyDetector(Processor):
@@ -103,7 +96,7 @@ class EntropyAnomalyDetector(Processor):
     # Under Faust, ``state`` is this changelogged table (streams.table_state): the carry between
     # two chunks of a request survives a worker restart or rebalance. TTL expiry deletes entries,
     # which writes tombstones, so recovery drops them too.
-    table_state: ClassVar[TableStateSpec[EntropyCarry]] = TableStateSpec("entropy_carry", encode_carry, decode_carry)
+    table_state: ClassVar[TableStateSpec[EntropyCarry]] = CARRY_STATE
 
     def __init__(
         self,

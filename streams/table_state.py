@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import msgspec
+
 V = TypeVar("V")
 
 
@@ -36,6 +38,11 @@ class TableStateSpec(Generic[V]):
     name: str
     encode: Callable[[V], bytes]
     decode: Callable[[bytes], V]
+
+    @classmethod
+    def msgpack(cls, name: str, value_type: type[V]) -> TableStateSpec[V]:
+        """A table of msgspec Structs of ``value_type``, stored as msgpack bytes."""
+        return cls(name, msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder(value_type).decode)
 
 
 class TableState(MutableMapping[str, V]):

@@ -31,6 +31,22 @@ pytestmark = pytest.mark.kafka
 ENTROPY_RULES = {LOOP, GIBBERISH}
 
 
+def read_token_messages(bootstrap: str, prefix: str) -> list:  # type: ignore[type-arg]
+    """Every message of the prefix's TokenEntropy topic, read until it has been idle for 3 s."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"tokens-{time.time_ns()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([prefix + TokenEntropy.topic])
+    messages: list = []  # type: ignore[type-arg]
+    idle_since = time.monotonic()
+    while time.monotonic() - idle_since < 3.0:
+        batch = consumer.consume(5000, timeout=0.5)
+        if batch:
+            idle_since = time.monotonic()
+        messages.extend(m for m in batch if m.error() is None)
+    consumer.close()
+    return messages
+
+
 def published_entropy_alerts(bootstrap: str, prefix: str) -> list[Alert]:
     """The alerts the detector gives in-process for the TokenEntropy records really published
     (read back from the topic: the fleet's ids are random, the derived ids are not)."""
@@ -41,17 +57,7 @@ def published_entropy_alerts(bootstrap: str, prefix: str) -> list[Alert]:
         gibberish_threshold=settings.gibberish_threshold_nats,
         gibberish_min_run=settings.gibberish_min_run,
     )
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"tokens-{time.time_ns()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([prefix + TokenEntropy.topic])
-    tokens: list[TokenEntropy] = []
-    idle_since = time.monotonic()
-    while time.monotonic() - idle_since < 3.0:
-        messages = consumer.consume(5000, timeout=0.5)
-        if messages:
-            idle_since = time.monotonic()
-        tokens.extend(codec.decode(m.value()) for m in messages if m.error() is None)  # type: ignore[misc]
-    consumer.close()
+    tokens = [codec.decode(m.value()) for m in read_token_messages(bootstrap, prefix)]
     assert tokens, "the fleet published no TokenEntropy records"
     return [a for a in detector.process_batch(tokens) if isinstance(a, Alert)]
 
@@ -64,20 +70,10 @@ def missing_alerts_report(bootstrap: str, prefix: str, missing: set[str], log_pa
     from confluent_kafka import TopicPartition
 
     detector = EntropyAnomalyDetector()
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"diagnose-{time.time_ns()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([prefix + TokenEntropy.topic])
     source: dict[str, tuple[int, int]] = {}
-    idle_since = time.monotonic()
-    while time.monotonic() - idle_since < 3.0:
-        messages = consumer.consume(5000, timeout=0.5)
-        if messages:
-            idle_since = time.monotonic()
-        for m in messages:
-            if m.error() is None:
-                for alert in detector.process_batch([codec.decode(m.value())]):
-                    source[alert.event_id] = (m.partition(), m.offset())
-    consumer.close()
+    for m in read_token_messages(bootstrap, prefix):
+        for alert in detector.process_batch([codec.decode(m.value())]):
+            source[alert.event_id] = (m.partition(), m.offset())
     group = Consumer({"bootstrap.servers": bootstrap, "group.id": prefix + "entroloop-streams",
                       "enable.auto.commit": False})
     partitions = sorted({p for p, _ in source.values()})
