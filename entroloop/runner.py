@@ -51,13 +51,7 @@ def intent_scoring_available() -> bool:
 def default_processors(settings: Settings, with_intent: bool | None = None) -> list[Processor]:
     """Every stream processor, configured from settings; intent scoring only where installed."""
     processors: list[Processor] = [
-        EntropyAnomalyDetector(
-            loop_threshold=settings.loop_threshold_nats,
-            loop_min_run=settings.loop_min_run,
-            gibberish_threshold=settings.gibberish_threshold_nats,
-            gibberish_min_run=settings.gibberish_min_run,
-            incomplete_ttl_s=settings.incomplete_request_ttl_s,
-        ),
+        EntropyAnomalyDetector.from_settings(settings),
         EntropyBaselineDetector.from_settings(settings),
         BadCaseJoiner.from_settings(settings),
         ResponseRuleChecker.from_settings(settings),

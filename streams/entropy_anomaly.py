@@ -34,6 +34,7 @@ import numpy as np
 
 from entroloop.codec import decode, encode
 from entroloop.records import Alert, DeadLetter, Event, TokenEntropy
+from entroloop.settings import Settings
 from entroloop.topics import partition_for
 from streams.base import Processor, derive
 from streams.table_state import TableStateSpec
@@ -118,6 +119,17 @@ class EntropyAnomalyDetector(Processor):
         # (with changelog) can stand in for this dict: an entry is only ever replaced whole
         # (``state[key] = carry``), never changed in place, so the table sees every change.
         self.state: MutableMapping[str, EntropyCarry] = state if state is not None else {}
+
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EntropyAnomalyDetector:
+        return cls(
+            loop_threshold=settings.loop_threshold_nats,
+            loop_min_run=settings.loop_min_run,
+            gibberish_threshold=settings.gibberish_threshold_nats,
+            gibberish_min_run=settings.gibberish_min_run,
+            incomplete_ttl_s=settings.incomplete_request_ttl_s,
+        )
 
     def process(self, record: Event) -> list[Event]:
         return self.process_batch([record])

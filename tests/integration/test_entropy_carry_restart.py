@@ -44,17 +44,6 @@ def chunk(stamper: NodeStamper, request_id: str, index: int, first: int, values:
                         chunk_index=index, first_token_index=first, final=final)
 
 
-def detector_from(settings: Settings) -> EntropyAnomalyDetector:
-    """The detector as the worker configures it (entroloop.runner.default_processors)."""
-    return EntropyAnomalyDetector(
-        loop_threshold=settings.loop_threshold_nats,
-        loop_min_run=settings.loop_min_run,
-        gibberish_threshold=settings.gibberish_threshold_nats,
-        gibberish_min_run=settings.gibberish_min_run,
-        incomplete_ttl_s=settings.incomplete_request_ttl_s,
-    )
-
-
 def entropy_outputs(records: list[Event]) -> tuple[list[tuple], list[tuple]]:
     """(alerts, incomplete-request dead letters) as comparable tuples, sorted; repeats kept."""
     alerts = sorted((a.event_id, a.request_id, a.token_start, a.token_end, a.alert_key) for a in records
@@ -80,7 +69,7 @@ def test_chunk_carry_is_recovered_by_a_new_worker_after_a_kill(
         chunk(stamper, "long-tail", 1, CHUNK, [LOOPING] * (min_run + 2) + [NORMAL] * 50, True, later),
     ]
 
-    in_process = detector_from(settings)
+    in_process = EntropyAnomalyDetector.from_settings(settings)
     reference = in_process.process_batch(first) + in_process.process_batch(second)
     reference += in_process.on_watermark(later)
     expected = entropy_outputs(reference)

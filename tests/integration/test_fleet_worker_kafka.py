@@ -50,13 +50,7 @@ def read_token_messages(bootstrap: str, prefix: str) -> list:  # type: ignore[ty
 def published_entropy_alerts(bootstrap: str, prefix: str) -> list[Alert]:
     """The alerts the detector gives in-process for the TokenEntropy records really published
     (read back from the topic: the fleet's ids are random, the derived ids are not)."""
-    settings = Settings()
-    detector = EntropyAnomalyDetector(
-        loop_threshold=settings.loop_threshold_nats,
-        loop_min_run=settings.loop_min_run,
-        gibberish_threshold=settings.gibberish_threshold_nats,
-        gibberish_min_run=settings.gibberish_min_run,
-    )
+    detector = EntropyAnomalyDetector.from_settings(Settings())
     tokens = [codec.decode(m.value()) for m in read_token_messages(bootstrap, prefix)]
     assert tokens, "the fleet published no TokenEntropy records"
     return [a for a in detector.process_batch(tokens) if isinstance(a, Alert)]
