@@ -120,7 +120,6 @@ class EntropyAnomalyDetector(Processor):
         # (``state[key] = carry``), never changed in place, so the table sees every change.
         self.state: MutableMapping[str, EntropyCarry] = state if state is not None else {}
 
-
     @classmethod
     def from_settings(cls, settings: Settings) -> EntropyAnomalyDetector:
         return cls(
