@@ -18,7 +18,7 @@ from faust.types import TP
 
 from entroloop.settings import Settings
 from streams.app import build_streams_app
-from streams.faust_offsets import guard_consumer_offsets, seek_with_log_start
+from streams.faust_offsets import guard_consumer_offsets, seek_with_log_start, strict_new_offset
 
 
 def _consumer(guarded: bool) -> tuple[Any, str]:
@@ -132,3 +132,50 @@ def test_a_never_committed_partition_waits_for_its_log_start_offset() -> None:
     assert consumer._new_offset(tp) is None
     consumer._acked[tp].append(0)
     assert consumer._new_offset(tp) == 10
+
+
+class _InFlight:
+    """A tracked, unacknowledged message (weak-referenceable, as Faust's WeakSet needs)."""
+
+    def __init__(self, tp: TP, offset: int) -> None:
+        self.tp, self.offset = tp, offset
+
+
+def _held_head(in_flight: bool) -> list[tuple[int, int]]:
+    """Commit attempts while offset 8 holds the commit (9..19 acknowledged): the seeks they made."""
+    consumer, topic = _consumer(guarded=True)
+    tp = TP(topic, 4)
+    now = [0.0]
+    seeks: list[tuple[int, int]] = []
+
+    async def seek(partition: TP, offset: int) -> None:
+        seeks.append((partition.partition, offset))
+
+    consumer.seek = seek
+    consumer.assignment = lambda: {tp}
+    consumer._new_offset = strict_new_offset(consumer, frozenset([topic]), lambda _tp: None,
+                                             redeliver_after_s=5.0, clock=lambda: now[0])
+    consumer._committed_offset[tp] = 8
+    consumer._acked[tp] = list(range(9, 20))
+    message = _InFlight(tp, 8)
+    if in_flight:
+        consumer._unacked_messages.add(message)
+
+    async def commit_attempts() -> None:
+        for t in (0.0, 4.9, 5.0, 6.0):
+            now[0] = t
+            assert consumer._new_offset(tp) is None
+            await asyncio.sleep(0)
+
+    consumer.loop.run_until_complete(commit_attempts())
+    return seeks
+
+
+def test_a_skipped_head_record_is_fetched_again_after_the_hold() -> None:
+    """Faust's streams skip records handed over while flow control is suspended; the commit holds
+    at such a record, and after 5 s the consumer seeks back to it, once."""
+    assert _held_head(in_flight=False) == [(4, 8)]
+
+
+def test_a_head_record_still_being_processed_is_not_fetched_again() -> None:
+    assert _held_head(in_flight=True) == []
