@@ -1,4 +1,4 @@
-"""An OpenTelemetry ``SpanExporter`` that publishes finished spans as ``entroloop.records.Span``.
+"""An OpenTelemetry ``SpanExporter`` that publishes finished spans as ``entroloop.contract.records.Span``.
 
 Usable by anything that traces with the OTel SDK:
 
@@ -29,9 +29,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
-from entroloop.ids import NodeStamper
-from entroloop.records import Span
-from entroloop.settings import Settings, load_settings
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Span
+from entroloop.contract.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 

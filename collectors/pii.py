@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from entroloop.settings import Settings
+from entroloop.contract.settings import Settings
 
 PSEUDONYM_HEX_CHARS = 16  # 64 bits: collisions are negligible at audit-log scale
 

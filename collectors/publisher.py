@@ -21,9 +21,9 @@ Counters (``stats()``): ``sent`` (delivered live), ``spooled``, ``replayed``
 Fork-safe (``os.register_at_fork``): a forked child gets its own empty queue, its own producer,
 thread and spool file; the parent's librdkafka handle is never touched in the child.
 
-Topic: the record class's topic (``entroloop.topics``) with ``Settings.topic_prefix`` in front;
+Topic: the record class's topic (``entroloop.contract.topics``) with ``Settings.topic_prefix`` in front;
 key: ``request_id``. Partitioner ``consistent_random`` = CRC32 of the key, as
-``entroloop.topics.partition_for``.
+``entroloop.contract.topics.partition_for``.
 """
 
 from __future__ import annotations
@@ -43,11 +43,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from entroloop import codec
-from entroloop.records import Event
-from entroloop.settings import Settings
-
 from collectors.spool import FsyncPolicy, Spool, SpoolFull, SpoolLocked, orphan_spools
+from entroloop.contract import codec
+from entroloop.contract.records import Event
+from entroloop.contract.settings import Settings
 
 log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger(__name__ + ".librdkafka")

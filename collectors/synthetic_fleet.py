@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from entroloop.ids import NodeStamper, new_span_id, new_trace_id, uuid7
-from entroloop.records import (
+from entroloop.contract.ids import NodeStamper, new_span_id, new_trace_id, uuid7
+from entroloop.contract.records import (
     Audit,
     Event,
     Fallback,

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from collectors.synthetic_fleet import FleetRequest
-from entroloop.records import DeadLetter
-from entroloop.topics import TOPICS
-from sinks.audit.worm_store import WormStore
+from entroloop.contract.records import DeadLetter
+from entroloop.contract.topics import TOPICS
+from entroloop.infra.worm.worm_store import WormStore
 
 
 @dataclass

@@ -23,15 +23,15 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from collectors.publisher import Publisher
 from collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
-from entroloop import codec
+from entroloop.contract import codec
+from entroloop.contract.records import TokenEntropy
+from entroloop.contract.settings import Settings
+from entroloop.contract.topics import TOPIC_BY_TYPE, TOPICS
 from entroloop.demo_summary import FleetTruth, summarize
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import TokenEntropy
-from entroloop.settings import Settings
-from entroloop.runner import default_processors
-from entroloop.topics import TOPIC_BY_TYPE, TOPICS
-from sinks.audit.stores import open_worm_store
-from sinks.clickhouse.client import connect
+from entroloop.infra.clickhouse.client import connect
+from entroloop.infra.kafka_topics import ensure_topics
+from entroloop.infra.worm.stores import open_worm_store
+from streams.defaults import default_processors
 
 STREAMS_GROUP = "entroloop-streams"  # streams.app's Faust app id
 IDLE_S = 6.0

@@ -1,6 +1,6 @@
 """The embedded runner: the whole pipeline in one process, no services.
 
-Serving-side code publishes encoded records onto the embedded bus (``entroloop.bus.LocalLog``);
+Serving-side code publishes encoded records onto the embedded bus (``entroloop.infra.bus.LocalLog``);
 ``drain`` then consumes every topic partition by partition in offset-aligned batches, exactly as
 the Kafka workers and sinks do: decode (poison bytes become dead letters), run the processors
 subscribed to the record type and publish what they emit, write the batch to ClickHouse (and the
@@ -11,56 +11,29 @@ deduplication tokens and audit object keys repeat and redelivery stores nothing 
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from entroloop.bus import LocalLog, OffsetStore
-from entroloop.codec import CodecError, decode, dead_letter_fields, encode
-from entroloop.ids import derived_event_id
-from entroloop.records import DeadLetter, Event
-from entroloop.settings import Settings
-from entroloop.topics import TOPIC_BY_NAME, TOPICS, topic_of
+from entroloop.contract.codec import CodecError, dead_letter_fields, decode, encode
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import DeadLetter, Event
+from entroloop.contract.settings import Settings
+from entroloop.contract.topics import TOPIC_BY_NAME, TOPICS, topic_of
+from entroloop.infra.bus import LocalLog, OffsetStore
+from entroloop.infra.clickhouse.client import connect
+from entroloop.infra.worm.stores import open_worm_store
 from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.stores import open_worm_store
-from sinks.clickhouse.client import connect
 from sinks.clickhouse.writer import ClickHouseSink
 from streams.actions import ActionRunner, client_query
 from streams.base import Processor
-from streams.bad_cases import BadCaseJoiner
-from streams.entropy_anomaly import EntropyAnomalyDetector
-from streams.entropy_baseline import EntropyBaselineDetector
-from streams.fallback_rates import FallbackRateMonitor
-from streams.intent_similarity import IntentSimilarityScorer
-from streams.response_rules import ResponseRuleChecker
-from streams.retrain_triggers import RetrainTrigger
+from streams.defaults import default_processors
 
 RUNNER_NODE = "embedded-runner"
 # At the end of a finite input, event time jumps this far past the last event: further than any
 # window plus its grace, so every window closes.
 END_OF_STREAM_SLACK_S = 24 * 3600.0
-
-
-def intent_scoring_available() -> bool:
-    """Intent similarity needs sentence-transformers (torch): the `intent` extra, not `make demo`."""
-    return importlib.util.find_spec("sentence_transformers") is not None
-
-
-def default_processors(settings: Settings, with_intent: bool | None = None) -> list[Processor]:
-    """Every stream processor, configured from settings; intent scoring only where installed."""
-    processors: list[Processor] = [
-        EntropyAnomalyDetector.from_settings(settings),
-        EntropyBaselineDetector.from_settings(settings),
-        BadCaseJoiner.from_settings(settings),
-        ResponseRuleChecker.from_settings(settings),
-        FallbackRateMonitor.from_settings(settings),
-        RetrainTrigger.from_settings(settings),
-    ]
-    if with_intent if with_intent is not None else intent_scoring_available():
-        processors.append(IntentSimilarityScorer.from_settings(settings))
-    return processors
 
 
 class EmbeddedRunner:

@@ -1,9 +1,9 @@
-"""Rewrite the settings table in README.md from entroloop/settings.py (run after adding a setting)."""
+"""Rewrite the settings table in README.md from entroloop/contract/settings.py (run after adding a setting)."""
 
 import re
 from pathlib import Path
 
-from entroloop.settings import settings_markdown
+from entroloop.contract.settings import settings_markdown
 
 readme = Path(__file__).resolve().parents[1] / "README.md"
 text = readme.read_text()

@@ -23,8 +23,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from entroloop.ids import derived_event_id  # noqa: E402
-from entroloop.records import Audit, BadCase, Event, Fallback, Feedback, TokenEntropy, pack_entropies  # noqa: E402
+from entroloop.contract.ids import derived_event_id  # noqa: E402
+from entroloop.contract.records import (  # noqa: E402
+    Audit,
+    BadCase,
+    Event,
+    Fallback,
+    Feedback,
+    TokenEntropy,
+    pack_entropies,
+)
 from streams.bad_cases import BadCaseJoiner  # noqa: E402
 from streams.base import Processor  # noqa: E402
 from streams.entropy_baseline import EntropyBaselineDetector  # noqa: E402

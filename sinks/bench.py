@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from entroloop.codec import decode_many, encode
-from entroloop.ids import uuid7
-from entroloop.records import Audit, Event, Span, TokenEntropy, pack_entropies
+from entroloop.contract.codec import decode_many, encode
+from entroloop.contract.ids import uuid7
+from entroloop.contract.records import Audit, Event, Span, TokenEntropy, pack_entropies
 
 WORDS = (
     "the model answered question about invoice refund policy shipping delay account password reset "
@@ -94,7 +94,7 @@ def clickhouse_rows_per_s(rows: int = 200_000, batch_rows: int = 50_000, client:
     Without ``client`` it runs in a chDB folder of its own (chDB opens one folder per process).
     """
     if client is None:
-        from sinks.clickhouse.client import connect
+        from entroloop.infra.clickhouse.client import connect
 
         with tempfile.TemporaryDirectory(prefix="bench-chdb-") as folder:
             own = connect(f"chdb://{folder}")
@@ -132,9 +132,9 @@ def clickhouse_rows_per_s(rows: int = 200_000, batch_rows: int = 50_000, client:
 def audit_write_and_verify(events: int = 1_000_000, batch: int = 2_000, partitions: int = 6,
                            progress: Callable[[int], None] | None = None) -> dict[str, float]:
     """Write ``events`` audit records through the WORM Parquet writer, then verify the whole log."""
+    from entroloop.infra.worm.worm_store import LocalWormStore
     from sinks.audit.parquet_writer import AuditParquetWriter
     from sinks.audit.verify import verify_store
-    from sinks.audit.worm_store import LocalWormStore
 
     with tempfile.TemporaryDirectory(prefix="bench-audit-") as folder:
         store = LocalWormStore(Path(folder) / "worm")

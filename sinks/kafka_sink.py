@@ -4,7 +4,7 @@ One ``KafkaSinkConsumer`` drives one durable target (``ClickHouseSink`` or ``Aud
 anything with ``write(topic, partition, first_offset, last_offset, records)``) from a consumer
 group of its own (``<prefix>entroloop-sink-<kind>``), with ``enable.auto.commit=false``:
 
-* Each message is decoded with ``entroloop.codec``; a poison message (or a record of the wrong
+* Each message is decoded with ``entroloop.contract.codec``; a poison message (or a record of the wrong
   kind for its topic) becomes a ``DeadLetter`` produced to the dead-letter topic with its reason,
   and the producer is flushed before any offset past it is committed. The consumer never crashes
   on bad bytes.
@@ -52,12 +52,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from entroloop.codec import CodecError, dead_letter_fields, decode_many, encode
-from entroloop.ids import derived_event_id
-from entroloop.kafka_consumer_config import manual_commit_consumer_config
-from entroloop.records import DeadLetter, Event
-from entroloop.settings import Settings
-from entroloop.topics import TOPIC_BY_NAME
+from entroloop.contract.codec import CodecError, dead_letter_fields, decode_many, encode
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import DeadLetter, Event
+from entroloop.contract.settings import Settings
+from entroloop.contract.topics import TOPIC_BY_NAME
+from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
 from sinks.batching import SinkBatcher, Slice
 
 log = logging.getLogger("entroloop.sinks.kafka")
@@ -623,8 +623,8 @@ class PrefixedClickHouseTarget:
 
 def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkConsumer:
     """Every topic of the registry into its ClickHouse table (migrations applied first)."""
-    from entroloop.topics import TOPICS
-    from sinks.clickhouse.client import connect
+    from entroloop.contract.topics import TOPICS
+    from entroloop.infra.clickhouse.client import connect
     from sinks.clickhouse.writer import ClickHouseSink
 
     client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
@@ -636,8 +636,8 @@ def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkCon
 def audit_sink_consumer(settings: Settings, create_bucket: bool = False, **options: Any) -> KafkaSinkConsumer:
     """The audit and actions topics into write-once Parquet files with hash-chained manifests
     (one chain per topic partition, so audit and action records never share a chain)."""
+    from entroloop.infra.worm.stores import open_worm_store
     from sinks.audit.parquet_writer import AuditParquetWriter
-    from sinks.audit.stores import open_worm_store
 
     options.setdefault("max_rows", settings.audit_batch_records)
     target = AuditParquetWriter(open_worm_store(settings, create_bucket=create_bucket))

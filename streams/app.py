@@ -1,7 +1,7 @@
 """The Faust adapter: the same ``Processor`` objects as the embedded runner, wired to Kafka topics.
 
 One agent per input topic. Each agent reads raw bytes (``value_serializer="raw"``), decodes them
-with ``entroloop.codec`` (a poison record becomes a ``DeadLetter`` with the reason, never an
+with ``entroloop.contract.codec`` (a poison record becomes a ``DeadLetter`` with the reason, never an
 exception in the loop), hands the records to every processor subscribed to their type (in a
 one-thread executor, so a slow processor does not stall the event loop and the processor's state
 is only ever touched by one thread) and sends what they return to the records' topics, keyed by
@@ -56,11 +56,11 @@ from typing import Any
 import faust
 from faust.sensors import Sensor
 
-from entroloop.codec import CodecError, decode, dead_letter_fields, encode
-from entroloop.ids import NodeStamper, derived_event_id
-from entroloop.records import DeadLetter, Event, Health
-from entroloop.settings import Settings
-from entroloop.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
+from entroloop.contract.codec import CodecError, dead_letter_fields, decode, encode
+from entroloop.contract.ids import NodeStamper, derived_event_id
+from entroloop.contract.records import DeadLetter, Event, Health
+from entroloop.contract.settings import Settings
+from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
 from streams.base import Processor
 from streams.faust_offsets import guard_consumer_offsets
 from streams.table_state import TableState, TableStateSpec
@@ -379,7 +379,7 @@ class StreamsApp:
     # --- running -------------------------------------------------------------------------------
     def ensure_topics(self) -> list[str]:
         """Create every v1 topic (with the prefix) that does not exist yet."""
-        from entroloop.kafka_topics import ensure_topics
+        from entroloop.infra.kafka_topics import ensure_topics
         from streams.changelog_topics import ensure_changelog_topics
 
         created = ensure_topics(self.config.bootstrap, self.config.topic_prefix, self.config.partitions)
@@ -401,11 +401,13 @@ def build_streams_app(
     processor_factory: Callable[[Settings], Sequence[Processor]] | None = None,
     **overrides: Any,
 ) -> StreamsApp:
-    """The worker's app from settings; processors default to the embedded runner's defaults."""
+    """The worker's app from settings; processors default to streams.defaults (the same list as the embedded runner)."""
     if processors is None:
-        if processor_factory is None:
-            from entroloop.runner import default_processors as processor_factory  # composition root
-        processors = processor_factory(settings)
+        from streams.defaults import (
+            default_processors,  # every processor module: only when asked
+        )
+
+        processors = (processor_factory or default_processors)(settings)
     return StreamsApp(StreamsConfig.from_settings(settings, **overrides), processors)
 
 

@@ -19,8 +19,8 @@ from typing import ClassVar
 
 import msgspec
 
-from entroloop.records import Audit, BadCase, Event, Feedback
-from entroloop.settings import Settings
+from entroloop.contract.records import Audit, BadCase, Event, Feedback
+from entroloop.contract.settings import Settings
 from streams.base import Processor, derive
 from streams.rules import OTHER, ResponseRules, Token, tokenize
 from streams.table_state import TableStateSpec

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
-from entroloop.ids import derived_event_id
-from entroloop.records import Event
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import Event
 
 E = TypeVar("E", bound=Event)
 

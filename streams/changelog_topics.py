@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from entroloop.kafka_topics import create_missing_topics
+from entroloop.infra.kafka_topics import create_missing_topics
 
 
 def ensure_changelog_topics(bootstrap: str, names: Iterable[str], partitions: int, timeout: float = 30.0) -> list[str]:

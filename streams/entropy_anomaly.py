@@ -32,10 +32,10 @@ from typing import ClassVar
 import msgspec
 import numpy as np
 
-from entroloop.codec import decode, encode
-from entroloop.records import Alert, DeadLetter, Event, TokenEntropy
-from entroloop.settings import Settings
-from entroloop.topics import partition_for
+from entroloop.contract.codec import decode, encode
+from entroloop.contract.records import Alert, DeadLetter, Event, TokenEntropy
+from entroloop.contract.settings import Settings
+from entroloop.contract.topics import partition_for
 from streams.base import Processor, derive
 from streams.table_state import TableStateSpec
 
@@ -71,7 +71,7 @@ class EntropyCarry(msgspec.Struct):
     last_emitted_at: float
     """Event time of the latest chunk: the TTL counts from it."""
     last_chunk: bytes = b""
-    """The latest chunk, encoded (``entroloop.codec``), while the request is unfinished: the
+    """The latest chunk, encoded (``entroloop.contract.codec``), while the request is unfinished: the
     incomplete-request dead letter is derived from it and carries it as its payload."""
     open_runs: dict[str, OpenRun] = {}
     """Rule name -> run open at the end of the latest chunk."""

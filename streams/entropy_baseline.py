@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from entroloop.records import Alert, Event, TokenEntropy
-from entroloop.settings import Settings
+from entroloop.contract.records import Alert, Event, TokenEntropy
+from entroloop.contract.settings import Settings
 from streams.base import Processor, derive
 
 RULE = "entropy_baseline_shift"

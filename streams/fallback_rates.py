@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from entroloop.records import Alert, Audit, Event, Fallback, Health
-from entroloop.settings import Settings
+from entroloop.contract.records import Alert, Audit, Event, Fallback, Health
+from entroloop.contract.settings import Settings
 from streams.base import Processor, derive
 from streams.windowing import synthesize, window_start
 

@@ -38,7 +38,6 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-
 log = logging.getLogger(__name__)
 
 REDELIVER_AFTER_S = 5.0

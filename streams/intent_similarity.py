@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 import numpy as np
 
-from entroloop.records import Audit, Event, Fallback, IntentScore
-from entroloop.settings import Settings
+from entroloop.contract.records import Audit, Event, Fallback, IntentScore
+from entroloop.contract.settings import Settings
 from streams.base import Processor, derive
 from streams.embedders import (  # re-exported: the embedders used to live here
     Embedder,

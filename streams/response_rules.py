@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from entroloop.records import Alert, Audit, Event, Health
-from entroloop.settings import Settings
+from entroloop.contract.records import Alert, Audit, Event, Health
+from entroloop.contract.settings import Settings
 from streams.base import Processor, derive
 from streams.rules import COMPLIANCE, DEFAULT_COMPLIANCE_LEXICON, ResponseRules
 from streams.windowing import synthesize, window_start

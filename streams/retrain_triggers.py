@@ -17,8 +17,8 @@ other condition, a redelivered bad case or a replay never emits a second one for
 
 from __future__ import annotations
 
-from entroloop.records import Audit, BadCase, Event, RetrainRequest
-from entroloop.settings import Settings
+from entroloop.contract.records import Audit, BadCase, Event, RetrainRequest
+from entroloop.contract.settings import Settings
 from streams.base import Processor
 from streams.windowing import synthesize, window_start
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any, TypeVar
 
-from entroloop.ids import derived_event_id
-from entroloop.records import Event
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import Event
 from streams.base import SEQ_FANOUT
 
 E = TypeVar("E", bound=Event)

@@ -13,8 +13,7 @@ import uuid
 
 import pytest
 
-from sinks.clickhouse.client import connect
-
+from entroloop.infra.clickhouse.client import connect
 
 # The heavy suite runs in .venv-ml (torch + vLLM), which cannot also hold faust-streaming (its
 # click pin conflicts with vLLM's). Modules that import faust are the light suite's; there faust is

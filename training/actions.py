@@ -1,7 +1,7 @@
 """Action records for the audit trail of the retraining loop.
 
 Every step of the loop (job claimed, data set built, trained, gated, registered, loaded, canary
-stage, promoted, rolled back) becomes one ``entroloop.records.Action``. Where the records go is the
+stage, promoted, rolled back) becomes one ``entroloop.contract.records.Action``. Where the records go is the
 caller's choice (the bus, a publisher, a list in a test): ``ActionLog`` only builds and stamps them,
 so the loop's logic never depends on a transport.
 """
@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from entroloop.ids import NodeStamper, new_trace_id, uuid7
-from entroloop.records import Action
+from entroloop.contract.ids import NodeStamper, new_trace_id, uuid7
+from entroloop.contract.records import Action
 
 RUNBOOK = "entroloop.training"
 RUNBOOK_VERSION = "1"

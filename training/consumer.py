@@ -2,7 +2,7 @@
 
 Per message of the retrain topic (consumer group ``<prefix>entroloop-trainer``, manual commits):
 
-1. Decode with ``entroloop.codec``. Bytes that are not a ``RetrainRequest`` (bad bytes, an unknown
+1. Decode with ``entroloop.contract.codec``. Bytes that are not a ``RetrainRequest`` (bad bytes, an unknown
    schema, a record of another kind) become a ``DeadLetter`` with the reason, published through the
    node publisher to the dead-letter topic; nothing is raised into the loop.
 2. ``JobRunner.claim``: the job folder for the trigger key is created atomically and fsync'ed; a key
@@ -33,10 +33,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from entroloop.codec import CodecError, dead_letter_fields, decode
-from entroloop.ids import derived_event_id
-from entroloop.kafka_consumer_config import manual_commit_consumer_config
-from entroloop.records import DeadLetter, Event, RetrainRequest
+from entroloop.contract.codec import CodecError, dead_letter_fields, decode
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import DeadLetter, Event, RetrainRequest
+from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
 from training.jobs import Job, JobBusy, JobRunner
 
 log = logging.getLogger("entroloop.training.consumer")

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from entroloop.records import Audit, BadCase, Feedback
+from entroloop.contract.records import Audit, BadCase, Feedback
 
 CORRECTION = "correction"
 REPLAY = "replay"

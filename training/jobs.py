@@ -39,7 +39,7 @@ from typing import Any
 
 import msgspec
 
-from entroloop.records import RetrainRequest
+from entroloop.contract.records import RetrainRequest
 from training.actions import ActionLog
 
 TERMINAL_STATES = frozenset({"accepted", "rejected", "failed"})

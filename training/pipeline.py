@@ -20,7 +20,14 @@ from typing import Any, Protocol
 
 import msgspec
 
-from entroloop.records import AnyRecord, Audit, BadCase, Event, Feedback, RetrainRequest
+from entroloop.contract.records import (
+    AnyRecord,
+    Audit,
+    BadCase,
+    Event,
+    Feedback,
+    RetrainRequest,
+)
 from training.dataset import TrainingData, build_dataset
 from training.jobs import Job, Step
 
@@ -73,8 +80,8 @@ class BusSource:
     topic_prefix: str = ""
 
     def records(self) -> Iterator[Event]:
-        from entroloop.bus import LocalLog
-        from entroloop.codec import CodecError, decode
+        from entroloop.contract.codec import CodecError, decode
+        from entroloop.infra.bus import LocalLog
 
         log = LocalLog(self.log_dir, self.partitions)
         try:

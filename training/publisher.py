@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from entroloop.adapter_routing import AdapterRouting, bucket
+from entroloop.infra.adapter_routing import AdapterRouting, bucket
 from training.actions import ActionLog
 
 
@@ -80,7 +80,7 @@ class VllmLoraClient:
 class CanaryRouter:
     """Which model serves a request: the canary adapter for a sticky share of request ids.
 
-    A mutable, thread-safe holder of an ``AdapterRouting`` (``entroloop.adapter_routing``): the
+    A mutable, thread-safe holder of an ``AdapterRouting`` (``entroloop.infra.adapter_routing``): the
     decision itself is the shared one the gateway makes on live traffic, so this process's view and
     the serving path agree on which keys the canary gets."""
 

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from entroloop.adapter_routing import read_routings
-from sinks.audit.worm_store import WormStore
+from entroloop.infra.adapter_routing import read_routings
+from entroloop.infra.worm.worm_store import WormStore
 from training.actions import ActionLog
 
 MANIFEST_VERSION = 1
@@ -94,7 +94,7 @@ class AdapterRegistry:
         self.prefix = prefix.strip("/")
 
     def ensure_schema(self) -> None:
-        from sinks.clickhouse.schema import migrate
+        from entroloop.infra.clickhouse.schema import migrate
 
         migrate(self.client, self.database)
 
@@ -199,7 +199,7 @@ class AdapterRegistry:
         """Who serves ``model`` now, from the status history: the promoted adapter ("" = the base
         model) and the canary with its share. This is the durable routing state: a router in any
         process (``CanaryRouter.from_routing``, the gateway) and an operator read the same answer,
-        through the one query in ``entroloop.adapter_routing``."""
+        through the one query in ``entroloop.infra.adapter_routing``."""
         return read_routings(self.client, self.database, model)[model].to_dict()
 
     def promoted(self, model: str) -> str:

@@ -1,6 +1,6 @@
 """Distributed training data: bad cases from ClickHouse, accepted answers from the WORM audit log.
 
-The compliance rule (``sinks/audit/reader.py``): audit records are read back by audit id or user id
+The compliance rule (``entroloop/infra/worm/reader.py``): audit records are read back by audit id or user id
 only, never searched by content. So the replay sample is chosen where only metadata lives and read
 where the text lives:
 
@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from entroloop.records import Audit, BadCase, Event, RetrainRequest
+from entroloop.contract.records import Audit, BadCase, Event, RetrainRequest
 
 AUDIT_FIELDS = tuple(f for f in Audit.__struct_fields__)
 BAD_CASE_COLUMNS = ("event_id", "emitted_at", "node_id", "seq", "request_id", "trace_id", "model", "route",
@@ -122,7 +122,7 @@ class WarehouseSource:
         One pass over the log for the whole sample (``find_records_for_keys``: manifests listed once,
         each file read once), still by audit id only.
         """
-        from sinks.audit.reader import find_records_for_keys
+        from entroloop.infra.worm.reader import find_records_for_keys
 
         found: dict[str, Audit] = {}
         for row in find_records_for_keys(self.store, "audit_id", audit_ids):

@@ -113,7 +113,13 @@ class _Progress:
     def __init__(self, total: int, start: int, enabled: bool) -> None:
         self._bar = None
         if enabled and sys.stderr.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
 
             self._bar = Progress(TextColumn("LoRA"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn())

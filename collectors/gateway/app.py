@@ -43,11 +43,14 @@ from starlette.routing import Route
 from collectors import tracecontext
 from collectors.gateway import capture
 from collectors.gateway.routing import RoutingTable
-from collectors.gateway.topk_entropy import chat_token_entropies, completion_token_entropies
+from collectors.gateway.topk_entropy import (
+    chat_token_entropies,
+    completion_token_entropies,
+)
 from collectors.pii import PiiRedactor
-from entroloop.ids import NodeStamper, new_span_id, uuid7
-from entroloop.records import Audit, Event, Span, TokenEntropy, pack_entropies
-from entroloop.settings import Settings
+from entroloop.contract.ids import NodeStamper, new_span_id, uuid7
+from entroloop.contract.records import Audit, Event, Span, TokenEntropy, pack_entropies
+from entroloop.contract.settings import Settings
 
 log = logging.getLogger(__name__)
 

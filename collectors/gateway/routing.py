@@ -2,7 +2,7 @@
 
 The publisher (``training/publisher.py``) and ``entroloop adapters rollback`` write every canary
 stage, promotion and rollback to ClickHouse's append-only ``adapter_status`` table. ``RoutingTable``
-re-reads that state every ``refresh_s`` seconds (``entroloop.adapter_routing.read_routings``, the
+re-reads that state every ``refresh_s`` seconds (``entroloop.infra.adapter_routing.read_routings``, the
 same query the registry uses) and answers, per request, which served model name to send upstream:
 the base model, its promoted adapter, or, for a sticky share of users, the canary adapter. vLLM
 serves a loaded LoRA adapter under its adapter name, so rewriting ``model`` is all it takes.
@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from entroloop.adapter_routing import AdapterRouting, read_routings
+from entroloop.infra.adapter_routing import AdapterRouting, read_routings
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class RoutingTable:
 
     @classmethod
     def from_settings(cls, settings: Any) -> RoutingTable:
-        from sinks.clickhouse.client import connect
+        from entroloop.infra.clickhouse.client import connect
 
         dsn, password = settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value()
         if dsn.startswith("chdb://"):

@@ -22,12 +22,11 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from entroloop import codec
-from entroloop.ids import NodeStamper, new_trace_id
-from entroloop.records import TokenEntropy, pack_entropies
-from entroloop.settings import Settings
-
 from collectors.vllm.ledger import ShippedChunk
+from entroloop.contract import codec
+from entroloop.contract.ids import NodeStamper, new_trace_id
+from entroloop.contract.records import TokenEntropy, pack_entropies
+from entroloop.contract.settings import Settings
 
 log = logging.getLogger(__name__)
 

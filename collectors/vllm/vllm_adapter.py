@@ -30,16 +30,17 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
 try:  # Model Runner V2 (vLLM >= 0.2x); absent in older releases.
-    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
+    from vllm.v1.worker.gpu.sample.logits_processor import (
+        LogitsProcessor as V2LogitsProcessor,
+    )
 except ImportError:  # pragma: no cover - depends on the installed vLLM
     V2LogitsProcessor = None  # type: ignore[assignment,misc]
-
-from entroloop.ids import uuid7
-from entroloop.settings import load_settings
 
 from collectors.vllm.emit import TokenEntropyEmitter, resolve_sink
 from collectors.vllm.ledger import AddedRow, MovedRow
 from collectors.vllm.tap import EntropyTap
+from entroloop.contract.ids import uuid7
+from entroloop.contract.settings import load_settings
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from collectors.synthetic_fleet import SyntheticFleet
 from entroloop.benchmarks.report import Figure
-from entroloop.records import (
+from entroloop.contract.records import (
     Alert,
     Audit,
     BadCase,
@@ -31,9 +31,9 @@ from entroloop.records import (
     Feedback,
     IntentScore,
 )
-from entroloop.runner import default_processors, intent_scoring_available
-from entroloop.settings import Settings
+from entroloop.contract.settings import Settings
 from streams.base import Processor
+from streams.defaults import default_processors, intent_scoring_available
 from streams.intent_similarity import IntentSimilarityScorer
 
 BATCH = 512

@@ -33,7 +33,7 @@ SECTION = "lag"
 
 _LAG_QUERY = r"""
 import json, sys
-from sinks.clickhouse.client import connect
+from entroloop.infra.clickhouse.client import connect
 c = connect(sys.argv[1])
 tables = [r[0] for r in c.query("SELECT name FROM system.tables WHERE database = 'entroloop' AND name IN "
                                 "('token_entropy', 'spans', 'audit_index', 'feedback', 'fallbacks')").result_rows]
@@ -87,8 +87,8 @@ def run(bootstrap: str, rate: float = 2000, seconds: float = 60, partitions: int
         sample_requests: int = 2000, seed: int = 7, progress=lambda text: None) -> dict[str, Any]:
     """Publish ``rate`` requests/s for ``seconds`` through Kafka into a sink; return the lag percentiles."""
     from collectors.publisher import Publisher, PublisherConfig
-    from entroloop.ids import uuid7
-    from entroloop.kafka_topics import ensure_topics
+    from entroloop.contract.ids import uuid7
+    from entroloop.infra.kafka_topics import ensure_topics
 
     prefix = f"lag{int(time.time())}."
     ensure_topics(bootstrap, prefix, partitions)

@@ -26,7 +26,7 @@ TARGET_EVENTS_PER_S = 100_000
 def build_records(count: int, seed: int = 7) -> list[Any]:
     """``count`` distinct fleet records (a fleet sample repeated with fresh ids and seqs)."""
     from collectors.synthetic_fleet import SyntheticFleet
-    from entroloop.ids import uuid7
+    from entroloop.contract.ids import uuid7
 
     sample = [r for request in SyntheticFleet(seed=seed).requests(1000) for r in request.records]
     out = []
@@ -38,7 +38,7 @@ def build_records(count: int, seed: int = 7) -> list[Any]:
 
 def run(bootstrap: str, events: int = 200_000, topic_prefix: str | None = None) -> dict[str, Any]:
     from collectors.publisher import Publisher, PublisherConfig
-    from entroloop.kafka_topics import ensure_topics
+    from entroloop.infra.kafka_topics import ensure_topics
 
     prefix = topic_prefix if topic_prefix is not None else f"bench{int(time.time())}."
     ensure_topics(bootstrap, prefix)

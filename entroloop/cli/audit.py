@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from entroloop.cli.common import settings_or_exit
-from entroloop.settings import Settings
+from entroloop.contract.settings import Settings
 
 console = Console(stderr=True)
 
@@ -42,7 +42,7 @@ def _settings(data_dir: Path | None, store: str | None) -> Settings:
 
 
 def _store(settings: Settings):
-    from sinks.audit.stores import local_store_path, open_worm_store
+    from entroloop.infra.worm.stores import local_store_path, open_worm_store
 
     if settings.audit_store == "local" and not local_store_path(settings).exists():
         console.print(f"[red]{local_store_path(settings)} holds no audit log[/red] (wrong --data-dir?)")
@@ -61,7 +61,7 @@ def _storage_error(exc: Exception) -> None:
 
 
 def _is_storage_error(exc: Exception) -> bool:
-    from sinks.audit.s3_store import S3Unavailable
+    from entroloop.infra.worm.s3_store import S3Unavailable
 
     return isinstance(exc, (S3Unavailable, OSError)) or type(exc).__module__.startswith("botocore")
 
@@ -99,7 +99,7 @@ def verify(
 
 def _print_lookup(settings: Settings, topic: str, column: str, value: str, what: str) -> None:
     """Print the records of ``topic`` whose ``column`` equals ``value`` as JSON lines; exit 1 if none."""
-    from sinks.audit.reader import find_records
+    from entroloop.infra.worm.reader import find_records
 
     found = 0
     try:
@@ -132,7 +132,7 @@ def get(
     store: Store = None,
 ) -> None:
     """Print the audit records of one audit id or one user id as JSON lines (the only read paths)."""
-    from entroloop.records import Audit
+    from entroloop.contract.records import Audit
 
     column, value = _one_of({"audit_id": audit_id, "user_id": user_id})
     _print_lookup(_settings(data_dir, store), Audit.topic, column, value, "audit record")
@@ -150,7 +150,7 @@ def actions(
 ) -> None:
     """Print the action records of one action id or one alert key as JSON lines, read from the
     write-once log through its manifests (the only read paths for actions)."""
-    from entroloop.records import Action
+    from entroloop.contract.records import Action
 
     column, value = _one_of({"action_id": action_id, "alert_key": alert_key})
     _print_lookup(_settings(data_dir, store), Action.topic, column, value, "action record")

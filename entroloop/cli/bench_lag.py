@@ -27,7 +27,7 @@ def lag(
     from entroloop.benchmarks import lag as bench
     from entroloop.benchmarks.report import write_benchmarks
     from entroloop.cli.distributed import broker_address
-    from entroloop.settings import load_settings
+    from entroloop.contract.settings import load_settings
 
     bootstrap = broker_address(broker) if broker else load_settings().kafka_bootstrap
     problem = bench.broker_problem(bootstrap)

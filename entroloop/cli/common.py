@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from entroloop.settings import Settings, SettingsError, load_settings
+from entroloop.contract.settings import Settings, SettingsError, load_settings
 
 console = Console(stderr=True)
 

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from entroloop.cli.common import settings_or_exit
-from entroloop.settings import Settings, load_settings
+from entroloop.contract.settings import Settings, load_settings
 
 console = Console(stderr=True)
 out = Console()
@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
         """Publish a synthetic serving fleet's events to Kafka through the node publisher."""
         from collectors.publisher import Publisher
         from collectors.synthetic_fleet import SyntheticFleet
-        from entroloop.kafka_topics import ensure_topics
+        from entroloop.infra.kafka_topics import ensure_topics
 
         settings = distributed_settings(broker, topic_prefix)
         ensure_topics(settings.kafka_bootstrap, settings.topic_prefix, settings.partitions)

@@ -21,11 +21,11 @@ from rich.progress import (
 from rich.table import Table
 
 from entroloop.cli.common import settings_or_exit
+from entroloop.contract.records import TokenEntropy
+from entroloop.contract.settings import Settings, settings_markdown
+from entroloop.contract.topics import TOPICS
 from entroloop.demo_summary import FleetTruth, summarize
-from entroloop.records import TokenEntropy
-from entroloop.settings import Settings, settings_markdown
-from entroloop.topics import TOPICS
-from sinks.clickhouse.client import ClickHouseLocked
+from entroloop.infra.clickhouse.client import ClickHouseLocked
 
 console = Console(stderr=True)
 out = Console()
@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Rows as JSON lines.")] = False,
     ) -> None:
         """Run SQL against the embedded ClickHouse (chDB) and print the result."""
-        from sinks.clickhouse.client import connect
+        from entroloop.infra.clickhouse.client import connect
 
         settings = _settings(data_dir)
         try:
@@ -193,8 +193,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def migrate(data_dir: DataDir = None) -> None:
         """Apply the ClickHouse schema migrations that are not applied yet."""
-        from sinks.clickhouse.client import connect
-        from sinks.clickhouse.schema import migrate as apply
+        from entroloop.infra.clickhouse.client import connect
+        from entroloop.infra.clickhouse.schema import migrate as apply
 
         settings = _settings(data_dir)
         try:
@@ -235,13 +235,13 @@ def _demo_through_kafka(settings: Settings, broker: str, requests: int, seed: in
 
 
 def default_processors_for(settings: Settings) -> list[Any]:
-    from entroloop.runner import default_processors
+    from streams.defaults import default_processors
 
     return default_processors(settings)
 
 
 def _encode(record: Any) -> bytes:
-    from entroloop.codec import encode
+    from entroloop.contract.codec import encode
 
     return encode(record)
 

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from entroloop.cli.common import settings_or_exit
-from sinks.clickhouse.client import ClickHouseLocked
+from entroloop.infra.clickhouse.client import ClickHouseLocked
 
 console = Console(stderr=True)
 
@@ -27,8 +27,8 @@ def register(app: typer.Typer) -> None:
 
         Reads the embedded ClickHouse of DATA_DIR (or ENTROLOOP_CLICKHOUSE_DSN). The page needs nothing else: no Grafana, no network.
         """
+        from entroloop.infra.clickhouse.client import connect
         from entroloop.report import load_report_data, render_page
-        from sinks.clickhouse.client import connect
 
         settings = settings_or_exit(data_dir=data_dir)
         dsn = settings.resolved_clickhouse_dsn()

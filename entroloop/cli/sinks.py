@@ -52,7 +52,7 @@ def _broker_answers(bootstrap: str, timeout: float = 10.0) -> str | None:
 def run_sink(kind: str, settings: Any, until_empty: bool, max_idle_s: float | None, as_json: bool,
              loglevel: str, **options: Any) -> None:
     """Build the sink ``kind``, run it until told to stop, print its counters."""
-    from entroloop.kafka_topics import ensure_topics
+    from entroloop.infra.kafka_topics import ensure_topics
     from sinks.kafka_sink import SINK_FACTORIES
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -46,9 +46,9 @@ def _training_dir(settings: Any) -> Path:
 
 def _bus_emitter(settings: Any):
     """Append Action records to the embedded bus's actions topic (idempotent by event id)."""
-    from entroloop.bus import LocalLog
-    from entroloop.codec import encode
-    from entroloop.topics import topic_of
+    from entroloop.contract.codec import encode
+    from entroloop.contract.topics import topic_of
+    from entroloop.infra.bus import LocalLog
 
     log = LocalLog(Path(settings.data_dir) / "log", settings.partitions)
 
@@ -80,8 +80,8 @@ def _actions(settings: Any):
 
 
 def _registry(settings: Any, actions: Any):
-    from sinks.audit.worm_store import LocalWormStore
-    from sinks.clickhouse.client import ClickHouseLocked, connect
+    from entroloop.infra.clickhouse.client import ClickHouseLocked, connect
+    from entroloop.infra.worm.worm_store import LocalWormStore
     from training.registry import AdapterRegistry
 
     store = LocalWormStore(Path(settings.adapter_store_dir or Path(settings.data_dir) / "adapters"))
@@ -107,8 +107,8 @@ def _source(settings: Any, records: list[Path] | None, registry: Any = None):
 
 def _warehouse_source(settings: Any, registry: Any = None):
     """Distributed training data: ids from ClickHouse, accepted answers from the WORM audit log."""
-    from sinks.audit.stores import open_worm_store
-    from sinks.clickhouse.client import connect
+    from entroloop.infra.clickhouse.client import connect
+    from entroloop.infra.worm.stores import open_worm_store
     from training.sources import WarehouseSource
 
     if registry is not None:  # the registry's connection (chDB allows one per data folder)
@@ -199,9 +199,9 @@ def run_kafka_trainer(settings: Any, runner: Any, once: bool = False, session_ti
     import signal
 
     from entroloop.cli.sinks import _broker_answers
-    from entroloop.kafka_topics import ensure_topics
-    from entroloop.records import Action, DeadLetter, RetrainRequest
-    from entroloop.topics import TOPIC_BY_TYPE
+    from entroloop.contract.records import Action, DeadLetter, RetrainRequest
+    from entroloop.contract.topics import TOPIC_BY_TYPE
+    from entroloop.infra.kafka_topics import ensure_topics
     from training.consumer import RetrainConsumer
 
     problem = _broker_answers(settings.kafka_bootstrap)
@@ -227,9 +227,9 @@ def run_kafka_trainer(settings: Any, runner: Any, once: bool = False, session_ti
 
 def _consume_bus(settings: Any, once: bool, poll_seconds: float) -> None:
     """The embedded mode's consumer: the bus log, offsets in a file, jobs run inline."""
-    from entroloop.bus import LocalLog, OffsetStore
-    from entroloop.codec import CodecError, decode
-    from entroloop.records import RetrainRequest
+    from entroloop.contract.codec import CodecError, decode
+    from entroloop.contract.records import RetrainRequest
+    from entroloop.infra.bus import LocalLog, OffsetStore
 
     runner = _runner(settings, None, dry_run=False)
     for job in runner.resume_all():
@@ -293,7 +293,7 @@ def register(app: typer.Typer) -> None:
         """
         import msgspec
 
-        from entroloop.records import RetrainRequest
+        from entroloop.contract.records import RetrainRequest
 
         settings = _settings(data_dir)
         try:

@@ -2,11 +2,11 @@
 
 Object keys are derived from the batch's (topic, partition, first offset, last offset), so a batch
 redelivered after a crash maps to the same keys and is recognised instead of written twice.
-Each logged topic has its layout (``sinks.audit.layouts``): audit records are partitioned by model
+Each logged topic has its layout (``entroloop.infra.worm.layouts``): audit records are partitioned by model
 and day (``audit/model=M/day=YYYY-MM-DD/``) so an auditor's question about one model and one day
 touches few files; action records by action and day (``actions/action=A/day=YYYY-MM-DD/``). The
 tamper evidence (SHA-256 per file, Merkle root per batch, manifests chained per topic partition,
-heads) is described in ``sinks.audit.manifest``; the audit and action topics have chains of their own.
+heads) is described in ``entroloop.infra.worm.manifest``; the audit and action topics have chains of their own.
 
 Write order is data files, then the manifest, then the head: a crash at any point leaves objects
 that a retry recreates byte for byte (``put_once`` recognises them), and a manifest written without
@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from entroloop.records import Audit, Event
-from sinks.audit.layouts import (
+from entroloop.contract.records import Audit, Event
+from entroloop.infra.worm.layouts import (
     ACTION_SCHEMA,
     AUDIT_LAYOUT,
     AUDIT_SCHEMA,
     LOGGED_TOPICS,
     layout_for,
 )
-from sinks.audit.manifest import (
+from entroloop.infra.worm.manifest import (
     HEAD_PREFIX,
     MANIFEST_PREFIX,
     FileEntry,
@@ -44,7 +44,7 @@ from sinks.audit.manifest import (
     parse_manifest_key,
     sha256_hex,
 )
-from sinks.audit.worm_store import ObjectExists, WormStore
+from entroloop.infra.worm.worm_store import ObjectExists, WormStore
 
 WrittenFile = FileEntry  # the name the first writer used
 

@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sinks.audit.manifest import (
+from entroloop.infra.worm.manifest import (
     DATA_PREFIXES,
     HEAD_PREFIX,
     MANIFEST_PREFIX,
@@ -34,7 +34,7 @@ from sinks.audit.manifest import (
     merkle_root,
     parse_manifest_key,
 )
-from sinks.audit.worm_store import WormStore
+from entroloop.infra.worm.worm_store import WormStore
 
 PROBLEM_KINDS = ("modified", "missing", "reordered", "inserted", "broken_chain", "unsealed")
 

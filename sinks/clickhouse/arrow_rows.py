@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from entroloop.records import Event
+from entroloop.contract.records import Event
 
 # Columns that are not record attributes but are computed from one (the text itself stays out).
 COMPUTED: dict[str, dict[str, Callable[[Any], Any]]] = {

@@ -13,10 +13,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from entroloop.records import Event
-from entroloop.topics import TOPIC_BY_NAME
+from entroloop.contract.records import Event
+from entroloop.contract.topics import TOPIC_BY_NAME
+from entroloop.infra.clickhouse.schema import migrate
 from sinks.clickhouse.arrow_rows import Column, build_table
-from sinks.clickhouse.schema import migrate
 
 
 def batch_token(topic: str, ranges: Sequence[tuple[int, int, int]]) -> str:

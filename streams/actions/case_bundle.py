@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from entroloop.records import Alert
+from entroloop.contract.records import Alert
 
 Query = Callable[[str], list[dict[str, Any]]]
 BUNDLE_FORMAT = "entroloop.case_bundle.v1"

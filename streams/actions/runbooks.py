@@ -44,7 +44,14 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 StepKind = Literal["pause_node", "pause_route", "switch_fallback", "unload_adapter", "capture_bundle", "open_retrain"]
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from entroloop.ids import derived_event_id
-from entroloop.records import Action, Alert, Event, RetrainRequest
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import Action, Alert, Event, RetrainRequest
 from streams.actions.case_bundle import (
     BUNDLE_FORMAT,
     Query,

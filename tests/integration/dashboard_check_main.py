@@ -18,9 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dashboards.macros import TimeRange, expand, iter_panels, query_variables, variable_sql
-from entroloop.settings import load_settings
-from sinks.clickhouse.client import connect
+from dashboards.macros import (
+    TimeRange,
+    expand,
+    iter_panels,
+    query_variables,
+    variable_sql,
+)
+from entroloop.contract.settings import load_settings
+from entroloop.infra.clickhouse.client import connect
 
 EVENT_TABLES = ("token_entropy", "spans", "audit_index", "feedback", "fallbacks", "alerts", "dead_letters")
 

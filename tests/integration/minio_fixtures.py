@@ -106,7 +106,7 @@ def own_minio(tmp_path: Path) -> Iterator[MinioServer]:
 
 
 def s3_client(endpoint: str):
-    from sinks.audit.s3_store import make_s3_client
+    from entroloop.infra.worm.s3_store import make_s3_client
 
     return make_s3_client(
         endpoint, "us-east-1",
@@ -118,7 +118,7 @@ def s3_client(endpoint: str):
 @pytest.fixture
 def locked_bucket(minio_endpoint: str) -> tuple[object, str]:
     """A fresh uuid-named bucket created with Object Lock, and a client for it."""
-    from sinks.audit.s3_store import ensure_bucket
+    from entroloop.infra.worm.s3_store import ensure_bucket
 
     client = s3_client(minio_endpoint)
     bucket = f"audit-{uuid.uuid4().hex[:16]}"

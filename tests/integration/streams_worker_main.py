@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from entroloop.records import Alert, Event, Feedback
+from entroloop.contract.records import Alert, Event, Feedback
 from streams.app import StreamsApp, StreamsConfig
 from streams.base import Processor, derive
 

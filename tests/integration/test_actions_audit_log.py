@@ -11,11 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.ids import derived_event_id
-from entroloop.records import Action, Alert, Audit, Span, TokenEntropy, pack_entropies
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import (
+    Action,
+    Alert,
+    Audit,
+    Span,
+    TokenEntropy,
+    pack_entropies,
+)
+from entroloop.contract.settings import Settings
+from entroloop.infra.worm.reader import find_actions
 from entroloop.runner import EmbeddedRunner
-from entroloop.settings import Settings
-from sinks.audit.reader import find_actions
 from sinks.audit.verify import verify_store
 from streams.actions import load_runbooks
 from tests.unit.streams.actions.webhook_receiver import WebhookReceiver

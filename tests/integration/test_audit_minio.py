@@ -15,11 +15,11 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
-from entroloop.records import Audit
+from entroloop.contract.records import Audit
+from entroloop.infra.worm.s3_store import S3WormStore
+from entroloop.infra.worm.worm_store import ObjectExists
 from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.s3_store import S3WormStore
 from sinks.audit.verify import verify_store
-from sinks.audit.worm_store import ObjectExists
 from tests.integration.minio_fixtures import (  # noqa: F401  (fixtures)
     locked_bucket,
     minio_endpoint,
@@ -139,7 +139,7 @@ def test_audit_log_on_s3_verifies_and_detects_a_missing_batch(locked_bucket):
 def test_writer_survives_minio_stopped_and_restarted_mid_run(own_minio):
     """Batches keep coming while the server is down for a few seconds: they wait, retry, land;
     nothing is lost and no object is written twice."""
-    from sinks.audit.s3_store import ensure_bucket
+    from entroloop.infra.worm.s3_store import ensure_bucket
 
     client = s3_client(own_minio.endpoint)
     bucket = "audit-restart"

@@ -16,12 +16,12 @@ import pytest
 from botocore.exceptions import ClientError
 from confluent_kafka import Producer
 
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Action, Audit
-from entroloop.topics import partition_for
-from sinks.audit.reader import find_actions
-from sinks.audit.s3_store import S3WormStore
+from entroloop.contract import codec
+from entroloop.contract.records import Action, Audit
+from entroloop.contract.topics import partition_for
+from entroloop.infra.kafka_topics import ensure_topics
+from entroloop.infra.worm.reader import find_actions
+from entroloop.infra.worm.s3_store import S3WormStore
 from sinks.audit.verify import verify_store
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.minio_fixtures import (  # noqa: F401  (fixtures)

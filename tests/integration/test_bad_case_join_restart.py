@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from entroloop import codec
-from entroloop.ids import NodeStamper
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Audit, BadCase, Event, Feedback
-from entroloop.topics import TOPIC_BY_TYPE
+from entroloop.contract import codec
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Audit, BadCase, Event, Feedback
+from entroloop.contract.topics import TOPIC_BY_TYPE
+from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_streams_worker_kafka import TopicReader, produce
 

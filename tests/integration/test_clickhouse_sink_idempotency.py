@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from collectors.synthetic_fleet import SyntheticFleet
-from entroloop.records import TokenEntropy
+from entroloop.contract.records import TokenEntropy
 from sinks.clickhouse.writer import ClickHouseSink
 
 
@@ -57,14 +57,14 @@ def test_second_process_gets_a_clear_lock_error(tmp_path):
     """Two processes on one embedded folder: the second is told who holds it, not a stack trace."""
     folder = tmp_path / "ch"
     hold = (
-        "import sys, time\nfrom sinks.clickhouse.client import connect\n"
+        "import sys, time\nfrom entroloop.infra.clickhouse.client import connect\n"
         f"client = connect('chdb://{folder}')\nclient.command('SELECT 1')\nprint('ready', flush=True)\ntime.sleep(60)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
         probe = (
-            "from sinks.clickhouse.client import connect, ClickHouseLocked\n"
+            "from entroloop.infra.clickhouse.client import connect, ClickHouseLocked\n"
             f"try:\n    connect('chdb://{folder}').command('SELECT 1')\n"
             "except ClickHouseLocked as e:\n    print('LOCKED', e)\n"
         )

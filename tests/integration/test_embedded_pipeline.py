@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.topics import TOPICS
+from entroloop.contract.topics import TOPICS
 
 CLI = [sys.executable, "-m", "entroloop.cli"]
 

@@ -18,10 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.ids import NodeStamper
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Alert, DeadLetter, Event, TokenEntropy, pack_entropies
-from entroloop.settings import Settings
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import (
+    Alert,
+    DeadLetter,
+    Event,
+    TokenEntropy,
+    pack_entropies,
+)
+from entroloop.contract.settings import Settings
+from entroloop.infra.kafka_topics import ensure_topics
 from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from tests.integration.test_bad_case_join_restart import (
     APP_ID,

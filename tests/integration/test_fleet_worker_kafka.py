@@ -19,10 +19,10 @@ import pytest
 from confluent_kafka import Consumer
 from typer.testing import CliRunner
 
-from entroloop import codec
 from entroloop.cli import app as cli
-from entroloop.records import Alert, TokenEntropy
-from entroloop.settings import Settings
+from entroloop.contract import codec
+from entroloop.contract.records import Alert, TokenEntropy
+from entroloop.contract.settings import Settings
 from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from tests.integration.conftest import REPO_ROOT
 

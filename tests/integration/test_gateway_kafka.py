@@ -14,10 +14,10 @@ from confluent_kafka import Consumer
 from starlette.testclient import TestClient
 
 from collectors.gateway.app import app_from_settings
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Audit, Span, TokenEntropy
-from entroloop.settings import load_settings
+from entroloop.contract import codec
+from entroloop.contract.records import Audit, Span, TokenEntropy
+from entroloop.contract.settings import load_settings
+from entroloop.infra.kafka_topics import ensure_topics
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 
 pytestmark = pytest.mark.kafka

@@ -22,10 +22,10 @@ from starlette.testclient import TestClient
 from collectors.gateway.app import GatewayConfig, create_app
 from collectors.gateway.routing import RoutingTable
 from collectors.pii import PiiRedactor
-from entroloop.adapter_routing import AdapterRouting
-from entroloop.records import Audit
-from entroloop.settings import Settings
-from sinks.audit.worm_store import LocalWormStore
+from entroloop.contract.records import Audit
+from entroloop.contract.settings import Settings
+from entroloop.infra.adapter_routing import AdapterRouting
+from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.integration import lora_vllm_server
 from tests.integration.training_fixtures import MODEL, tiny_base_model  # noqa: F401 - fixture
 from tests.unit.collectors.flaky_clickhouse import FlakyClickHouseClient

@@ -24,12 +24,12 @@ import pytest
 from confluent_kafka import Producer
 
 from collectors.synthetic_fleet import SyntheticFleet
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Audit, DeadLetter, TokenEntropy
-from entroloop.topics import TOPIC_BY_NAME, partition_for
+from entroloop.contract import codec
+from entroloop.contract.records import Audit, DeadLetter, TokenEntropy
+from entroloop.contract.topics import TOPIC_BY_NAME, partition_for
+from entroloop.infra.kafka_topics import ensure_topics
+from entroloop.infra.worm.worm_store import LocalWormStore
 from sinks.audit.verify import verify_store
-from sinks.audit.worm_store import LocalWormStore
 from tests.integration.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
@@ -86,8 +86,8 @@ def clickhouse_counts(data_dir: Path) -> dict[str, tuple[int, int]]:
     """(rows without FINAL, unique event ids) per table, read in a subprocess (it owns the folder)."""
     script = (
         "import json, sys\n"
-        "from sinks.clickhouse.client import connect\n"
-        "from entroloop.topics import TOPICS\n"
+        "from entroloop.infra.clickhouse.client import connect\n"
+        "from entroloop.contract.topics import TOPICS\n"
         "c = connect(sys.argv[1])\n"
         "print(json.dumps({t.table: c.query(f'SELECT count(), uniqExact(event_id) FROM entroloop.{t.table}').result_rows[0]"
         " for t in TOPICS}))\n"

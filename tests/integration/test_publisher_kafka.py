@@ -11,12 +11,11 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from collectors.publisher import Publisher, PublisherConfig
-from entroloop import codec
-from entroloop.ids import NodeStamper, new_trace_id
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Event, Feedback, Span
-from entroloop.topics import TOPIC_BY_TYPE
-
+from entroloop.contract import codec
+from entroloop.contract.ids import NodeStamper, new_trace_id
+from entroloop.contract.records import Event, Feedback, Span
+from entroloop.contract.topics import TOPIC_BY_TYPE
+from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.kafka

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from entroloop import codec
-from entroloop.ids import NodeStamper
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Alert, DeadLetter, Event, Feedback, Health
-from entroloop.topics import TOPIC_BY_TYPE
-
+from entroloop.contract import codec
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Alert, DeadLetter, Event, Feedback, Health
+from entroloop.contract.topics import TOPIC_BY_TYPE
+from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.kafka

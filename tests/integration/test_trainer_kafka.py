@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Action, DeadLetter, RetrainRequest
-from entroloop.topics import TOPIC_BY_TYPE
+from entroloop.contract import codec
+from entroloop.contract.records import Action, DeadLetter, RetrainRequest
+from entroloop.contract.topics import TOPIC_BY_TYPE
+from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_publisher_kafka import consume_all
 from tests.unit.training.training_records import feedback, retrain_request

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Action, RetrainRequest
-from entroloop.settings import Settings
-from entroloop.topics import TOPIC_BY_TYPE
+from entroloop.contract import codec
+from entroloop.contract.records import Action, RetrainRequest
+from entroloop.contract.settings import Settings
+from entroloop.contract.topics import TOPIC_BY_TYPE
+from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.test_publisher_kafka import consume_all
 from tests.integration.training_fixtures import (
     correction_records,
@@ -41,10 +41,10 @@ POPULATE = """
 import sys
 from pathlib import Path
 import msgspec
-from entroloop.records import AnyRecord, Audit
+from entroloop.contract.records import AnyRecord, Audit
 from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.worm_store import LocalWormStore
-from sinks.clickhouse.client import connect
+from entroloop.infra.worm.worm_store import LocalWormStore
+from entroloop.infra.clickhouse.client import connect
 from sinks.clickhouse.writer import ClickHouseSink
 
 dsn, worm, records = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])

@@ -54,8 +54,8 @@ def test_train_command_registers_once_and_adapters_commands_read_it(tmp_path, ti
     assert json.loads(again.stdout)["adapter_id"] == adapter_id
 
     # The consumer: the same trigger redelivered on the bus starts no job; its offset is committed.
-    from entroloop.bus import LocalLog
-    from entroloop.codec import encode
+    from entroloop.contract.codec import encode
+    from entroloop.infra.bus import LocalLog
 
     bus = LocalLog(tmp_path / "data" / "log", 6)
     redelivered = retrain_request("cli-key")
@@ -77,8 +77,8 @@ def test_train_command_registers_once_and_adapters_commands_read_it(tmp_path, ti
     assert [h["status"] for h in shown["history"]] == ["candidate", "rolled_back"]
 
     # Every step went to the embedded bus's actions topic (for the ClickHouse and audit sinks).
-    from entroloop.codec import decode
-    from entroloop.records import Action
+    from entroloop.contract.codec import decode
+    from entroloop.contract.records import Action
 
     log = LocalLog(tmp_path / "data" / "log", 6)
     actions = [decode(v) for p in range(6) for _k, v in log.read(Action.topic, p, 0, log.end_offset(Action.topic, p))]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sinks.audit.worm_store import LocalWormStore
+from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.integration.training_fixtures import (
     GATE_OVERRIDES,
     TRAIN_OVERRIDES,

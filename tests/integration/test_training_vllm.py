@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.ids import NodeStamper, new_span_id
-from entroloop.records import Action, Span
-from sinks.audit.worm_store import LocalWormStore
+from entroloop.contract.ids import NodeStamper, new_span_id
+from entroloop.contract.records import Action, Span
+from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.integration import lora_vllm_server
 from tests.integration.training_fixtures import (
     GATE_OVERRIDES,

@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 from collectors.gateway.app import GatewayConfig, create_app
 from collectors.pii import PiiRedactor
 from collectors.vllm.emit import read_frames
-from entroloop.records import Audit, Span, TokenEntropy
+from entroloop.contract.records import Audit, Span, TokenEntropy
 from tests.integration.vllm_tiny_model import build_tiny_llama
 
 pytestmark = pytest.mark.vllm

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import TokenEntropy
+from entroloop.contract.records import TokenEntropy
+from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.test_publisher_kafka import consume_all
 
 pytestmark = [pytest.mark.vllm, pytest.mark.kafka]

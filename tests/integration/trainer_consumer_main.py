@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from entroloop.cli.training import _actions, run_kafka_trainer
-from entroloop.settings import load_settings
+from entroloop.contract.settings import load_settings
 from training.consumer import RetrainConsumer
 from training.jobs import JobRunner, JobStore, Step
 

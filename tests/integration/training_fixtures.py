@@ -15,9 +15,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from entroloop.ids import NodeStamper
-from entroloop.records import Audit, BadCase, Event, RetrainRequest
-from entroloop.settings import Settings
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Audit, BadCase, Event, RetrainRequest
+from entroloop.contract.settings import Settings
 
 TOPIC_ANSWERS = {
     "alpha": "omega seven", "beta": "sigma two", "gamma": "kappa nine",

@@ -234,8 +234,8 @@ def run_sink(kind: str, env: dict[str, str], *options: str, fault_after: int = 0
 
 _IDENTITY_QUERY = r"""
 import json, sys
-from sinks.clickhouse.client import connect
-from entroloop.topics import TOPICS
+from entroloop.infra.clickhouse.client import connect
+from entroloop.contract.topics import TOPICS
 c = connect(sys.argv[1])
 existing = {r[0] for r in c.query("SELECT name FROM system.tables WHERE database = 'entroloop'").result_rows}
 out = {}

@@ -16,12 +16,12 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Audit
-from entroloop.topics import partition_for
-from sinks.audit.manifest import Manifest
-from sinks.audit.worm_store import LocalWormStore
+from entroloop.contract import codec
+from entroloop.contract.records import Audit
+from entroloop.contract.topics import partition_for
+from entroloop.infra.kafka_topics import ensure_topics
+from entroloop.infra.worm.manifest import Manifest
+from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.reliability.harness import (
     PYTHON,
     REPO_ROOT,

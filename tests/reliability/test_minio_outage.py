@@ -17,13 +17,18 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Audit
-from entroloop.topics import partition_for
-from sinks.audit.s3_store import S3WormStore, make_s3_client
+from entroloop.contract import codec
+from entroloop.contract.records import Audit
+from entroloop.contract.topics import partition_for
+from entroloop.infra.kafka_topics import ensure_topics
+from entroloop.infra.worm.s3_store import S3WormStore, make_s3_client
 from sinks.audit.verify import verify_store
-from tests.integration.minio_fixtures import ACCESS_KEY, SECRET_KEY, MinioServer, minio_binary
+from tests.integration.minio_fixtures import (
+    ACCESS_KEY,
+    SECRET_KEY,
+    MinioServer,
+    minio_binary,
+)
 from tests.reliability.harness import (
     PYTHON,
     REPO_ROOT,

@@ -15,10 +15,10 @@ from pathlib import Path
 import msgspec
 from confluent_kafka import Producer
 
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import TokenEntropy, pack_entropies
-from entroloop.topics import partition_for
+from entroloop.contract import codec
+from entroloop.contract.records import TokenEntropy, pack_entropies
+from entroloop.contract.topics import partition_for
+from entroloop.infra.kafka_topics import ensure_topics
 from streams.entropy_anomaly import EntropyAnomalyDetector
 from tests.reliability.harness import (
     Figures,

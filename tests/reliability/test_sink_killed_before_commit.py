@@ -11,12 +11,12 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from entroloop.records import Audit
-from entroloop.topics import partition_for
+from entroloop.contract import codec
+from entroloop.contract.records import Audit
+from entroloop.contract.topics import partition_for
+from entroloop.infra.kafka_topics import ensure_topics
+from entroloop.infra.worm.worm_store import LocalWormStore
 from sinks.audit.verify import verify_store
-from sinks.audit.worm_store import LocalWormStore
 from tests.reliability.harness import (
     Figures,
     all_identities,

@@ -15,9 +15,15 @@ import pytest
 from confluent_kafka import Consumer
 
 from collectors.publisher import Publisher, PublisherConfig
-from entroloop import codec
-from entroloop.kafka_topics import ensure_topics
-from tests.reliability.harness import Figures, fleet_records, free_port, identity, report
+from entroloop.contract import codec
+from entroloop.infra.kafka_topics import ensure_topics
+from tests.reliability.harness import (
+    Figures,
+    fleet_records,
+    free_port,
+    identity,
+    report,
+)
 
 SPOOL_LIMIT = 256 * 1024
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import tests.integration.test_fleet_worker_kafka as fleet_worker
-from entroloop.records import Alert
+from entroloop.contract.records import Alert
 from streams.entropy_anomaly import GIBBERISH, LOOP
 from tests.reliability.harness import (
     PYTHON,

@@ -19,7 +19,7 @@ import typer.main
 import yaml
 
 from entroloop.cli import app
-from entroloop.settings import ENV_PREFIX, Settings
+from entroloop.contract.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -126,7 +126,7 @@ def test_every_entroloop_variable_is_a_setting(services: dict[str, dict[str, Any
     ours = {n for n in names if n.startswith(ENV_PREFIX)}
     assert len(ours) > 10
     unknown = sorted(n for n in ours if n[len(ENV_PREFIX):].lower() not in Settings.model_fields)
-    assert not unknown, f"not settings (entroloop/settings.py): {unknown}; non-settings must not use the ENTROLOOP_ prefix"
+    assert not unknown, f"not settings (entroloop/contract/settings.py): {unknown}; non-settings must not use the ENTROLOOP_ prefix"
 
 
 def test_env_example_defines_every_interpolated_variable(compose: dict[str, Any]) -> None:

@@ -13,9 +13,8 @@ from starlette.testclient import TestClient
 from collectors.gateway.app import GatewayConfig, create_app
 from collectors.gateway.topk_entropy import entropy_from_logprobs
 from collectors.pii import PiiRedactor
-from entroloop import codec
-from entroloop.records import Audit, Span, TokenEntropy
-
+from entroloop.contract import codec
+from entroloop.contract.records import Audit, Span, TokenEntropy
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -18,10 +18,10 @@ from starlette.testclient import TestClient
 from collectors.gateway.app import GatewayConfig, create_app
 from collectors.gateway.routing import RoutingTable
 from collectors.pii import PiiRedactor
-from entroloop.adapter_routing import AdapterRouting
-from entroloop.records import Audit, Span
-from entroloop.settings import Settings
-from sinks.audit.worm_store import LocalWormStore
+from entroloop.contract.records import Audit, Span
+from entroloop.contract.settings import Settings
+from entroloop.infra.adapter_routing import AdapterRouting
+from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 from tests.unit.collectors.flaky_clickhouse import FlakyClickHouseClient
 from training.actions import ActionLog

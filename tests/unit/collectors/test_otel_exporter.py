@@ -12,9 +12,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from collectors import tracecontext
 from collectors.otel_exporter import SpanRecordExporter
-from entroloop import codec
-from entroloop.records import Span
-from entroloop.settings import load_settings
+from entroloop.contract import codec
+from entroloop.contract.records import Span
+from entroloop.contract.settings import load_settings
 
 
 @pytest.fixture

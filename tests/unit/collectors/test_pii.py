@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from collectors.pii import ENTITY_TYPES, PiiRedactor, cn_id_valid, luhn_valid
-from entroloop.settings import Settings
+from entroloop.contract.settings import Settings
 
 KEY = "test-key"
 PLACEHOLDER = re.compile(r"\[([A-Z0-9_]+):([0-9a-f]{16})\]")

@@ -15,9 +15,9 @@ import pytest
 
 from collectors.publisher import Publisher, PublisherConfig
 from collectors.spool import iter_frames
-from entroloop import codec
-from entroloop.ids import NodeStamper
-from entroloop.records import Feedback
+from entroloop.contract import codec
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Feedback
 
 
 def closed_port() -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from collectors.synthetic_fleet import SyntheticFleet
-from entroloop.records import Audit, TokenEntropy
+from entroloop.contract.records import Audit, TokenEntropy
 
 
 def test_normal_tokens_mostly_within_the_brief_band_and_not_constant():

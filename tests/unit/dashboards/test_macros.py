@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from dashboards.macros import TimeRange, UnknownMacro, expand, expand_macros, expand_variables, iter_panels
+from dashboards.macros import (
+    TimeRange,
+    UnknownMacro,
+    expand,
+    expand_macros,
+    expand_variables,
+    iter_panels,
+)
 
 TR = TimeRange.from_unix(1_700_000_000, 1_700_003_600, interval_s=30)
 

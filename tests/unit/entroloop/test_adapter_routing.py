@@ -1,4 +1,4 @@
-"""The shared routing decision (entroloop/adapter_routing.py): shares, stickiness, rollback, and the
+"""The shared routing decision (entroloop/infra/adapter_routing.py): shares, stickiness, rollback, and the
 one query that rebuilds routing from ClickHouse's adapter_status history."""
 
 from __future__ import annotations
@@ -9,8 +9,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from entroloop.adapter_routing import AdapterRouting, bucket, read_routings, routings_from_rows
-from sinks.clickhouse.schema import migrate
+from entroloop.infra.adapter_routing import (
+    AdapterRouting,
+    bucket,
+    read_routings,
+    routings_from_rows,
+)
+from entroloop.infra.clickhouse.schema import migrate
 from training.publisher import CanaryRouter
 
 KEYS = [f"user-{i}" for i in range(20_000)]

@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 from entroloop.benchmarks import lag
 from entroloop.benchmarks.report import Figure, write_benchmarks
-from entroloop.cli import app
-from entroloop.cli import bench
+from entroloop.cli import app, bench
 
 
 def test_bench_all_reports_a_benchmark_that_cannot_run_and_runs_the_rest(tmp_path: Path, monkeypatch) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entroloop.codec import (
+from entroloop.contract.codec import (
     CodecError,
     MalformedRecord,
     RecordTooLarge,
@@ -20,8 +20,8 @@ from entroloop.codec import (
     encode,
     gc_paused,
 )
-from entroloop.ids import NodeStamper
-from entroloop.records import (
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import (
     RECORD_TYPES,
     Action,
     Alert,

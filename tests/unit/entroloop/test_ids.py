@@ -1,6 +1,6 @@
 import uuid
 
-from entroloop.ids import NodeStamper, derived_event_id, uuid7
+from entroloop.contract.ids import NodeStamper, derived_event_id, uuid7
 
 
 def test_uuid7_has_version_7_and_orders_by_time():

@@ -5,7 +5,13 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from entroloop.report.data import choose_bucket
-from entroloop.report.svg import bar_chart, format_value, grouped_bar_chart, line_chart, nice_ticks
+from entroloop.report.svg import (
+    bar_chart,
+    format_value,
+    grouped_bar_chart,
+    line_chart,
+    nice_ticks,
+)
 
 SVG = "{http://www.w3.org/2000/svg}"
 

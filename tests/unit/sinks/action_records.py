@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from entroloop.ids import derived_event_id
-from entroloop.records import Action
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import Action
 
 AT = 1_790_000_000.0  # 2026-09-21
 KINDS = ("capture_bundle", "pause_node", "open_retrain", "train.completed")

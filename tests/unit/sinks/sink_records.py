@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 import time
 
-from entroloop.ids import derived_event_id
-from entroloop.records import (
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import (
     Alert,
     Audit,
     BadCase,

@@ -14,13 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 from entroloop.cli import app
-from entroloop.records import Action, Audit
-from sinks.audit.layouts import ACTION_SCHEMA, AUDIT_SCHEMA
-from sinks.audit.manifest import Manifest
+from entroloop.contract.records import Action, Audit
+from entroloop.infra.worm.layouts import ACTION_SCHEMA, AUDIT_SCHEMA
+from entroloop.infra.worm.manifest import Manifest
+from entroloop.infra.worm.reader import find_actions, find_records, manifest_files
+from entroloop.infra.worm.worm_store import LocalWormStore
 from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.reader import find_actions, find_records, manifest_files
 from sinks.audit.verify import verify_store
-from sinks.audit.worm_store import LocalWormStore
 from tests.unit.sinks.action_records import KINDS, sample_actions
 from tests.unit.sinks.sink_records import sample_records
 

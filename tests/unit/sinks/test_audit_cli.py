@@ -9,9 +9,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from entroloop.cli import app
-from entroloop.records import Audit
+from entroloop.contract.records import Audit
+from entroloop.infra.worm.worm_store import LocalWormStore
 from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.worm_store import LocalWormStore
 from tests.unit.sinks.sink_records import sample_records
 
 runner = CliRunner()

@@ -12,12 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.records import Audit
-from sinks.audit.manifest import Manifest, merkle_root, sha256_hex
+from entroloop.contract.records import Audit
+from entroloop.infra.worm.manifest import Manifest, merkle_root, sha256_hex
+from entroloop.infra.worm.reader import (
+    find_records,
+    find_records_for_keys,
+    manifest_files,
+)
+from entroloop.infra.worm.worm_store import LocalWormStore, ObjectExists
 from sinks.audit.parquet_writer import AuditChainError, AuditParquetWriter
-from sinks.audit.reader import find_records, find_records_for_keys, manifest_files
 from sinks.audit.verify import verify_store
-from sinks.audit.worm_store import LocalWormStore, ObjectExists
 from tests.unit.sinks.sink_records import sample_records
 
 TOPIC = Audit.topic

@@ -12,8 +12,14 @@ import uuid
 
 import pytest
 
-from entroloop.topics import TOPIC_BY_NAME
-from sinks.clickhouse.schema import MigrationError, Migration, applied_migrations, available_migrations, migrate
+from entroloop.contract.topics import TOPIC_BY_NAME
+from entroloop.infra.clickhouse.schema import (
+    Migration,
+    MigrationError,
+    applied_migrations,
+    available_migrations,
+    migrate,
+)
 from sinks.clickhouse.writer import ClickHouseSink
 from tests.unit.sinks.sink_records import sample_records
 
@@ -156,7 +162,7 @@ def test_rollups_equal_raw_queries(client, database):
 def test_upgrade_from_0001_backfills_rollups(client, database, monkeypatch):
     """A database created and filled at 0001 is upgraded to 0002: rollups cover the old rows too."""
     only_first = [m for m in available_migrations() if m.version == 1]
-    monkeypatch.setattr("sinks.clickhouse.schema.available_migrations", lambda: only_first)
+    monkeypatch.setattr("entroloop.infra.clickhouse.schema.available_migrations", lambda: only_first)
     sink = ClickHouseSink(client, database)
     old = sample_records(300, seed=5)
     _write_all(sink, old)
@@ -175,7 +181,7 @@ def test_upgrade_from_0001_backfills_rollups(client, database, monkeypatch):
 def test_upgrade_to_0004_recompresses_entropies_and_keeps_old_rows(client, database, monkeypatch):
     """0004 only changes the entropies codec: rows written before it read back unchanged."""
     before_0004 = [m for m in available_migrations() if m.version < 4]
-    monkeypatch.setattr("sinks.clickhouse.schema.available_migrations", lambda: before_0004)
+    monkeypatch.setattr("entroloop.infra.clickhouse.schema.available_migrations", lambda: before_0004)
     sink = ClickHouseSink(client, database)
     old = sample_records(200, seed=11)
     _write_all(sink, old)
@@ -212,7 +218,7 @@ def test_redelivered_batches_do_not_double_count(client, database):
 def test_edited_applied_migration_is_refused(client, database, monkeypatch):
     migrate(client, database)
     edited = [Migration(m.version, m.name, m.sql + "\n-- edited") for m in available_migrations()]
-    monkeypatch.setattr("sinks.clickhouse.schema.available_migrations", lambda: edited)
+    monkeypatch.setattr("entroloop.infra.clickhouse.schema.available_migrations", lambda: edited)
     with pytest.raises(MigrationError, match="edited after it was applied"):
         migrate(client, database)
 

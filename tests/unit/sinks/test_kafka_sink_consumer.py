@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from collectors.synthetic_fleet import SyntheticFleet
-from entroloop import codec
-from entroloop.records import DeadLetter, TokenEntropy
-from entroloop.settings import Settings
+from entroloop.contract import codec
+from entroloop.contract.records import DeadLetter, TokenEntropy
+from entroloop.contract.settings import Settings
 from sinks.kafka_sink import KafkaSinkConsumer, format_journal, parse_journal
 
 TOPIC = TokenEntropy.topic

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import itertools
 
-from entroloop.ids import derived_event_id
-from entroloop.records import Audit, BadCase, Fallback, Feedback, TokenEntropy, pack_entropies
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import (
+    Audit,
+    BadCase,
+    Fallback,
+    Feedback,
+    TokenEntropy,
+    pack_entropies,
+)
 
 _seq = itertools.count()
 

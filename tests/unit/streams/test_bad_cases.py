@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import msgspec
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from entroloop.codec import decode, encode
-from entroloop.records import BadCase
+from entroloop.contract.codec import decode, encode
+from entroloop.contract.records import BadCase
 from streams.bad_cases import (
     REGRESSION_LABEL,
     BadCaseJoiner,

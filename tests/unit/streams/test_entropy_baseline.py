@@ -6,10 +6,16 @@ import json
 
 import msgspec
 import numpy as np
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from entroloop.records import Alert
-from streams.entropy_baseline import BaselineState, EntropyBaselineDetector, HistogramQuantileSketch
+from entroloop.contract.records import Alert
+from streams.entropy_baseline import (
+    BaselineState,
+    EntropyBaselineDetector,
+    HistogramQuantileSketch,
+)
 
 from .analytics_records import tokens
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from entroloop.records import Alert, Health
+from entroloop.contract.records import Alert, Health
 from streams.fallback_rates import FallbackRateMonitor
 
 from .analytics_records import audit, fallback

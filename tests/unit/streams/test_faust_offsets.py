@@ -16,9 +16,13 @@ from typing import Any
 import faust
 from faust.types import TP
 
-from entroloop.settings import Settings
+from entroloop.contract.settings import Settings
 from streams.app import build_streams_app
-from streams.faust_offsets import guard_consumer_offsets, seek_with_log_start, strict_new_offset
+from streams.faust_offsets import (
+    guard_consumer_offsets,
+    seek_with_log_start,
+    strict_new_offset,
+)
 
 
 def _consumer(guarded: bool) -> tuple[Any, str]:

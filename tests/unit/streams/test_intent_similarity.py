@@ -6,9 +6,11 @@ import hashlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from entroloop.records import Fallback, IntentScore
+from entroloop.contract.records import Fallback, IntentScore
 from streams.intent_similarity import (
     IntentSimilarityScorer,
     LabelledPair,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from entroloop.records import Alert, Health
+from entroloop.contract.records import Alert, Health
 from streams.response_rules import ResponseRuleChecker
 
 from .analytics_records import audit

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from entroloop.records import RetrainRequest
+from entroloop.contract.records import RetrainRequest
 from streams.retrain_triggers import RetrainTrigger
 
 from .analytics_records import audit, bad_case

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from entroloop import codec
-from entroloop.ids import NodeStamper
-from entroloop.records import Alert, DeadLetter, Event, Feedback, Span
+from entroloop.contract import codec
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Alert, DeadLetter, Event, Feedback, Span
 from streams.app import StreamsApp, StreamsConfig, UnsafeConcurrency
 from streams.base import Processor, derive
 

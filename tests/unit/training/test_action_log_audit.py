@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-from entroloop.records import Action
+from entroloop.contract.records import Action
+from entroloop.contract.settings import Settings
+from entroloop.infra.worm.reader import find_actions
 from entroloop.runner import EmbeddedRunner
-from entroloop.settings import Settings
-from sinks.audit.reader import find_actions
 from sinks.audit.verify import verify_store
 from training.actions import RUNBOOK, ActionLog
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from entroloop.ids import NodeStamper, new_span_id
-from entroloop.records import Alert, Fallback, Span
+from entroloop.contract.ids import NodeStamper, new_span_id
+from entroloop.contract.records import Alert, Fallback, Span
 from training.actions import ActionLog
 from training.publisher import (
     AdapterPublisher,
@@ -178,7 +178,7 @@ def test_canary_without_traffic_is_abandoned() -> None:
 
 
 def test_promotion_supersedes_the_previous_adapter(tmp_path, chdb_client, ch_database) -> None:
-    from sinks.audit.worm_store import LocalWormStore
+    from entroloop.infra.worm.worm_store import LocalWormStore
     from training.registry import AdapterRegistry
 
     actions = ActionLog()

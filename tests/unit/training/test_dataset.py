@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from training.dataset import CORRECTION, REPLAY, TrainingData, build_dataset, normalize_text
+from training.dataset import (
+    CORRECTION,
+    REPLAY,
+    TrainingData,
+    build_dataset,
+    normalize_text,
+)
 
 from .training_records import audit, bad_case, feedback
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sinks.audit.worm_store import LocalWormStore, ObjectExists
+from entroloop.infra.worm.worm_store import LocalWormStore, ObjectExists
 from training.actions import ActionLog
 from training.registry import AdapterRegistry, ManifestMismatch
 

@@ -8,8 +8,8 @@ import json
 import time
 from pathlib import Path
 
-from entroloop.settings import Settings
-from sinks.audit.worm_store import LocalWormStore
+from entroloop.contract.settings import Settings
+from entroloop.infra.worm.worm_store import LocalWormStore
 from training.actions import ActionLog
 from training.publisher import CanaryRouter
 from training.registry import AdapterRegistry

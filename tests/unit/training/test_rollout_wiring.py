@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.settings import Settings
-from sinks.audit.worm_store import LocalWormStore
+from entroloop.contract.settings import Settings
+from entroloop.infra.worm.worm_store import LocalWormStore
 from training.actions import ActionLog
 from training.publisher import VllmError, VllmLoraClient
 from training.registry import AdapterRegistry

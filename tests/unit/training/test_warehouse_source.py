@@ -7,10 +7,16 @@ import time
 from pathlib import Path
 
 from collectors.pii import PiiRedactor
-from entroloop.ids import NodeStamper
-from entroloop.records import Audit, BadCase, Fallback, Feedback, RetrainRequest
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import (
+    Audit,
+    BadCase,
+    Fallback,
+    Feedback,
+    RetrainRequest,
+)
+from entroloop.infra.worm.worm_store import LocalWormStore
 from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.worm_store import LocalWormStore
 from sinks.clickhouse.writer import ClickHouseSink
 from training.dataset import REPLAY, build_dataset
 from training.pipeline import select_training_records, source_records
@@ -93,7 +99,7 @@ def test_cli_picks_the_warehouse_source_in_distributed_mode(chdb_client, ch_data
     from types import SimpleNamespace
 
     from entroloop.cli.training import _source
-    from entroloop.settings import Settings
+    from entroloop.contract.settings import Settings
     from training.pipeline import BusSource, JsonLinesSource
 
     request, accepted = _fixture(chdb_client, ch_database, tmp_path / "data" / "worm")

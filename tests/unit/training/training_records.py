@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from entroloop.ids import NodeStamper
-from entroloop.records import Audit, BadCase, Feedback, RetrainRequest
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Audit, BadCase, Feedback, RetrainRequest
 
 _stamper = NodeStamper("test-node")
 

@@ -9,10 +9,25 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.ids import derived_event_id
-from entroloop.records import Action, Alert, Audit, RetrainRequest, Span, TokenEntropy, pack_entropies
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import (
+    Action,
+    Alert,
+    Audit,
+    RetrainRequest,
+    Span,
+    TokenEntropy,
+    pack_entropies,
+)
 from sinks.clickhouse.writer import ClickHouseSink
-from streams.actions import ActionRunner, ActionState, WebhookClient, client_query, load_runbooks, parse_runbook
+from streams.actions import (
+    ActionRunner,
+    ActionState,
+    WebhookClient,
+    client_query,
+    load_runbooks,
+    parse_runbook,
+)
 from tests.unit.streams.actions.webhook_receiver import WebhookReceiver
 
 REPO_RUNBOOKS = load_runbooks(Path(__file__).resolve().parents[4] / "runbooks")
@@ -211,7 +226,7 @@ def test_base_model_requests_skip_adapter_unload(receiver, sink, tmp_path):
 
 
 def test_runner_settings_wire_runbooks_state_and_dry_run(tmp_path):
-    from entroloop.settings import load_settings
+    from entroloop.contract.settings import load_settings
 
     settings = load_settings(data_dir=tmp_path, actions_runbooks_dir=Path(__file__).resolve().parents[4] / "runbooks")
     runner = ActionRunner.from_settings(settings)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-MIGRATIONS_PACKAGE = "sinks.clickhouse.migrations"
+MIGRATIONS_PACKAGE = "entroloop.infra.clickhouse.migrations"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from entroloop.topics import TOPICS, Topic
+from entroloop.contract.topics import TOPICS, Topic
 
 
 def ensure_topics(

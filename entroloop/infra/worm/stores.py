@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from entroloop.settings import Settings
-from sinks.audit.worm_store import LocalWormStore, WormStore
+from entroloop.contract.settings import Settings
+from entroloop.infra.worm.worm_store import LocalWormStore, WormStore
 
 
 def local_store_path(settings: Settings) -> Path:
@@ -19,7 +19,7 @@ def open_worm_store(settings: Settings, create_bucket: bool = False) -> WormStor
         return LocalWormStore(local_store_path(settings))
     if settings.audit_store != "s3":
         raise ValueError(f"ENTROLOOP_AUDIT_STORE must be `local` or `s3`, not {settings.audit_store!r}")
-    from sinks.audit.s3_store import S3WormStore, ensure_bucket, make_s3_client
+    from entroloop.infra.worm.s3_store import S3WormStore, ensure_bucket, make_s3_client
 
     client = make_s3_client(
         settings.s3_endpoint, settings.s3_region, settings.s3_access_key, settings.s3_secret_key.get_secret_value()

@@ -22,10 +22,10 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from entroloop.records import Action, Audit, Event
-from sinks.audit.manifest import ACTION_DATA_PREFIX, DATA_PREFIX, safe_name
+from entroloop.contract.records import Action, Audit, Event
+from entroloop.infra.worm.manifest import ACTION_DATA_PREFIX, DATA_PREFIX, safe_name
 
-# The envelope every record carries (entroloop.records.Event), first in every schema.
+# The envelope every record carries (entroloop.contract.records.Event), first in every schema.
 ENVELOPE_FIELDS = [
     ("event_id", pa.string()),
     ("emitted_at", pa.timestamp("ms", tz="UTC")),

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sinks.audit.worm_store import ObjectExists
+from entroloop.infra.worm.worm_store import ObjectExists
 
 T = TypeVar("T")
 
@@ -36,7 +36,12 @@ class S3Unavailable(RuntimeError):
 
 
 def _is_transient(exc: Exception) -> bool:
-    from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionClosedError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
 
     if isinstance(exc, (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError, ConnectionError)):
         return True

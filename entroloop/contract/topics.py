@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from entroloop.records import (
+from entroloop.contract.records import (
     Action,
     Alert,
     Audit,

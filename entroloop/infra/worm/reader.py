@@ -20,10 +20,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from entroloop.records import Action, Audit
-from sinks.audit.layouts import layout_for
-from sinks.audit.manifest import MANIFEST_PREFIX, Manifest, chain_prefix
-from sinks.audit.worm_store import WormStore
+from entroloop.contract.records import Action, Audit
+from entroloop.infra.worm.layouts import layout_for
+from entroloop.infra.worm.manifest import MANIFEST_PREFIX, Manifest, chain_prefix
+from entroloop.infra.worm.worm_store import WormStore
 
 LOOKUP_COLUMNS = layout_for(Audit.topic).lookups
 ACTION_LOOKUP_COLUMNS = layout_for(Action.topic).lookups

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import msgspec
 
-from entroloop.records import SCHEMA_VERSION, AnyRecord, DeadLetter, Event
+from entroloop.contract.records import SCHEMA_VERSION, AnyRecord, DeadLetter, Event
 
 DEFAULT_MAX_RECORD_BYTES = 1 << 20
 

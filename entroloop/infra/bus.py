@@ -17,7 +17,7 @@ import struct
 from collections import defaultdict
 from pathlib import Path
 
-from entroloop.topics import partition_for
+from entroloop.contract.topics import partition_for
 
 _FRAME = struct.Struct("<III")
 

@@ -1,0 +1,1 @@
+"""The write-once store (local folder or S3 Object Lock), the audit file format and its reader."""

@@ -1,0 +1,43 @@
+"""The processors a deployment runs by default, configured from settings.
+
+One list for the embedded runner, the Faust worker, the benchmarks and the demo, so every path
+runs the same processors with the same settings. The action runner is not in it: it needs a
+ClickHouse query function for its case bundles, which the wiring passes in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from entroloop.contract.settings import Settings
+from streams.bad_cases import BadCaseJoiner
+from streams.base import Processor
+from streams.entropy_anomaly import EntropyAnomalyDetector
+from streams.entropy_baseline import EntropyBaselineDetector
+from streams.fallback_rates import FallbackRateMonitor
+from streams.intent_similarity import IntentSimilarityScorer
+from streams.response_rules import ResponseRuleChecker
+from streams.retrain_triggers import RetrainTrigger
+
+
+def intent_scoring_available() -> bool:
+    """Intent similarity needs sentence-transformers (torch): the `intent` extra, not `make demo`."""
+    return importlib.util.find_spec("sentence_transformers") is not None
+
+
+def default_processors(settings: Settings, with_intent: bool | None = None) -> list[Processor]:
+    """Every stream processor, configured from settings; intent scoring only where installed."""
+    processors: list[Processor] = [
+        EntropyAnomalyDetector.from_settings(settings),
+        EntropyBaselineDetector.from_settings(settings),
+        BadCaseJoiner.from_settings(settings),
+        ResponseRuleChecker.from_settings(settings),
+        FallbackRateMonitor.from_settings(settings),
+        RetrainTrigger.from_settings(settings),
+    ]
+    if with_intent if with_intent is not None else intent_scoring_available():
+        processors.append(IntentSimilarityScorer.from_settings(settings))
+    return processors
+
+
+__all__ = ["default_processors", "intent_scoring_available"]
