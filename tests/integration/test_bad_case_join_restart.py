@@ -11,10 +11,6 @@ join on a plain dict: the restarted worker has forgotten every first half and yi
 from __future__ import annotations
 
 import collections
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,8 +22,8 @@ from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Audit, BadCase, Event, Feedback
 from entroloop.contract.topics import TOPIC_BY_TYPE
 from entroloop.infra.kafka_topics import ensure_topics
-from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_streams_worker_kafka import TopicReader, produce
+from tests.integration.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.kafka
 
@@ -39,27 +35,10 @@ RESPONSE = "您的账户余额为120.00元，到期日2024-03-05。"
 CORRECTION = "您的账户余额为150.00元，到期日2024-03-05。"
 
 
-class JoinWorker:
-    """One bad-case worker process; its log goes to a file in the test's tmp dir."""
-
-    def __init__(self, tmp: Path, bootstrap: str, prefix: str, state: str) -> None:
-        self.log_path = tmp / f"join-worker-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115
-        env = {**os.environ, "ENTROLOOP_FAUST_DATADIR": str(tmp / "faust"), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.bad_case_worker_main",
-             bootstrap, prefix, str(PARTITIONS), state, str(TTL_S)],
-            cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        self._log.close()
-
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+def join_worker(tmp: Path, bootstrap: str, prefix: str, state: str) -> WorkerProcess:
+    """One bad-case worker process (``bad_case_worker_main``)."""
+    return WorkerProcess(tmp, "tests.integration.bad_case_worker_main", bootstrap, prefix, str(PARTITIONS), state,
+                         str(TTL_S), env={"ENTROLOOP_FAUST_DATADIR": str(tmp / "faust")}, name="join-worker")
 
 
 def committed_total(bootstrap: str, group: str, topic: str, partitions: int = PARTITIONS) -> int:
@@ -72,7 +51,7 @@ def committed_total(bootstrap: str, group: str, topic: str, partitions: int = PA
     return sum(max(tp.offset, 0) for tp in offsets)
 
 
-def wait_committed(bootstrap: str, prefix: str, wanted: dict[str, int], worker: JoinWorker, timeout: float) -> None:
+def wait_committed(bootstrap: str, prefix: str, wanted: dict[str, int], worker: WorkerProcess, timeout: float) -> None:
     """Wait until the worker acknowledged ``wanted[topic]`` records of each input topic."""
     deadline = time.monotonic() + timeout
     while True:
@@ -142,7 +121,7 @@ def run_restart_scenario(bootstrap: str, prefix: str, tmp: Path, state: str) -> 
     cases = TopicReader(bootstrap, prefix + BadCase.topic)
     started = time.monotonic()
     try:
-        first = JoinWorker(tmp, bootstrap, prefix, state)
+        first = join_worker(tmp, bootstrap, prefix, state)
         publish(bootstrap, prefix, before)
         wait_committed(bootstrap, prefix, {Audit.topic: PAIRS + 1, Feedback.topic: PAIRS}, first, timeout=90)
         figures["first_worker_s"] = round(time.monotonic() - started, 1)
@@ -155,7 +134,7 @@ def run_restart_scenario(bootstrap: str, prefix: str, tmp: Path, state: str) -> 
             figures["expired_tombstone"] = b"expired" in changelog and changelog[b"expired"] is None
 
         restarted_at = time.monotonic()
-        second = JoinWorker(tmp, bootstrap, prefix, state)
+        second = join_worker(tmp, bootstrap, prefix, state)
         publish(bootstrap, prefix, after)
         wait_committed(bootstrap, prefix, {Audit.topic: 2 * PAIRS + 1, Feedback.topic: 2 * PAIRS + 1}, second,
                        timeout=120)

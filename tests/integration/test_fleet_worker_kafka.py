@@ -7,10 +7,7 @@ in-process from the same synthetic traffic are exactly the set the worker must p
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +21,7 @@ from entroloop.contract import codec
 from entroloop.contract.records import Alert, TokenEntropy
 from entroloop.contract.settings import Settings
 from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
-from tests.integration.conftest import REPO_ROOT
+from tests.integration.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.kafka
 
@@ -97,10 +94,9 @@ def publish_fleet(bootstrap: str, prefix: str, requests: int, seed: int, spool: 
     assert "dropped=0" in result.output and "delivered_all=True" in result.output, result.output
 
 
-def start_worker(bootstrap: str, prefix: str, tmp: Path) -> tuple[subprocess.Popen, Path]:
-    log_path = tmp / f"worker-{time.monotonic_ns()}.log"
+def start_worker(bootstrap: str, prefix: str, tmp: Path) -> tuple[WorkerProcess, Path]:
+    """``entroloop worker`` on ``prefix``'s topics, with short session and commit intervals."""
     env = {
-        **os.environ,
         "ENTROLOOP_KAFKA_BOOTSTRAP": bootstrap,
         "ENTROLOOP_TOPIC_PREFIX": prefix,
         "ENTROLOOP_DATA_DIR": str(tmp / "data"),
@@ -108,10 +104,8 @@ def start_worker(bootstrap: str, prefix: str, tmp: Path) -> tuple[subprocess.Pop
         "ENTROLOOP_STREAMS_BATCH_SIZE": "200",
         "ENTROLOOP_STREAMS_COMMIT_INTERVAL_S": "0.5",
     }
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "entroloop.cli", "worker", "--loglevel", "info"],
-                                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    return proc, log_path
+    worker = WorkerProcess(tmp, "entroloop.cli", "worker", "--loglevel", "info", env=env)
+    return worker, worker.log_path
 
 
 class AlertReader:
@@ -130,7 +124,7 @@ class AlertReader:
                     if isinstance(record, Alert) and record.rule in ENTROPY_RULES:
                         self.ids[record.event_id] += 1
 
-    def read_until_complete(self, expected: set[str], timeout: float, worker: subprocess.Popen) -> bool:
+    def read_until_complete(self, expected: set[str], timeout: float, worker: WorkerProcess) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and worker.poll() is None:
             self.read(1.0)

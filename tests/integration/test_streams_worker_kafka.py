@@ -6,10 +6,7 @@ with SIGKILL, as a crash would.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,33 +18,17 @@ from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Alert, DeadLetter, Event, Feedback, Health
 from entroloop.contract.topics import TOPIC_BY_TYPE
 from entroloop.infra.kafka_topics import ensure_topics
-from tests.integration.conftest import REPO_ROOT
+from tests.integration.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.kafka
 
 TOPICS = [TOPIC_BY_TYPE[t] for t in (Feedback, Alert, DeadLetter, Health)]
 
 
-class Worker:
-    """One worker process; its log goes to a file in the test's tmp dir."""
-
-    def __init__(self, tmp: Path, *args: str) -> None:
-        self.log_path = tmp / f"worker-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115
-        env = {**os.environ, "ENTROLOOP_FAUST_DATADIR": str(tmp / "faust"), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.streams_worker_main", *args],
-            cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        self.proc.wait(timeout=90)
-        self._log.close()
-
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
+def Worker(tmp: Path, *args: str) -> WorkerProcess:  # noqa: N802 - reads as the class it returns
+    """One ``streams_worker_main`` process (see its docstring for ``args``)."""
+    return WorkerProcess(tmp, "tests.integration.streams_worker_main", *args,
+                         env={"ENTROLOOP_FAUST_DATADIR": str(tmp / "faust")})
 
 
 class TopicReader:
