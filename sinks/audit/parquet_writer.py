@@ -8,6 +8,10 @@ touches few files; action records by action and day (``actions/action=A/day=YYYY
 tamper evidence (SHA-256 per file, Merkle root per batch, manifests chained per topic partition,
 heads) is described in ``entroloop.infra.worm.manifest``; the audit and action topics have chains of their own.
 
+A record whose event id the writer stored lately (``sinks.recent_ids``: a publisher's spool replay
+re-sent it at another offset) is left out of the batch's files; the batch's manifest still covers
+its offsets, so the chain has no gap.
+
 Write order is data files, then the manifest, then the head: a crash at any point leaves objects
 that a retry recreates byte for byte (``put_once`` recognises them), and a manifest written without
 its head is adopted and sealed the next time the writer opens that chain.
@@ -45,6 +49,7 @@ from entroloop.infra.worm.manifest import (
     sha256_hex,
 )
 from entroloop.infra.worm.worm_store import ObjectExists, WormStore
+from sinks.recent_ids import RecentEventIds
 
 WrittenFile = FileEntry  # the name the first writer used
 
@@ -92,6 +97,7 @@ class AuditParquetWriter:
         self.batches_written = 0
         self.batches_skipped = 0
         self._chains: dict[str, ChainState] = {}
+        self.recent = RecentEventIds()
 
     # --- chain state -----------------------------------------------------------------------------
     def chain(self, topic: str, partition: int) -> ChainState:
@@ -167,8 +173,9 @@ class AuditParquetWriter:
                 f"batch {first_offset}-{last_offset} of {topic}[{partition}] overlaps the chained "
                 f"offsets up to {state.last_offset}; batches must be cut at the same offsets on redelivery"
             )
+        fresh = self.recent.unseen(records)
         groups: dict[str, list[Event]] = defaultdict(list)
-        for r in records:
+        for r in fresh:
             groups[layout.folder(r)].append(r)
         batch = batch_name(topic, partition, first_offset, last_offset)
         files = []
@@ -193,6 +200,7 @@ class AuditParquetWriter:
         data = manifest.to_bytes()
         self.store.put_once(manifest.key, data)
         self._seal(manifest, sha256_hex(data), state)
+        self.recent.remember(fresh)
         self.batches_written += 1
         return files
 

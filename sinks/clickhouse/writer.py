@@ -3,8 +3,10 @@
 Idempotency has two layers. Each insert carries ``insert_deduplication_token`` =
 ``topic/partition/first-last`` offsets, so a batch redelivered after a crash between insert and
 offset commit is dropped by ClickHouse (tables set ``non_replicated_deduplication_window``).
-Behind that, every table is a ReplacingMergeTree keyed on ``event_id``, so an event that arrives
-in a differently-cut batch still ends as one row (exact counts use ``FINAL``).
+An event that arrives again at another offset (a publisher's spool replay after an ambiguous
+delivery timeout) is dropped by ``sinks.recent_ids.RecentEventIds`` before the insert. Behind
+both, every table is a ReplacingMergeTree keyed on ``event_id``, so a copy that slips past them
+(after a sink restart) still ends as one row on merge (exact counts use ``FINAL``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from entroloop.contract.records import Event
 from entroloop.contract.topics import TOPIC_BY_NAME
 from entroloop.infra.clickhouse.schema import migrate
 from sinks.clickhouse.arrow_rows import Column, build_table
+from sinks.recent_ids import RecentEventIds
 
 
 def batch_token(topic: str, ranges: Sequence[tuple[int, int, int]]) -> str:
@@ -56,6 +59,7 @@ class ClickHouseSink:
         self._columns: dict[str, list[Column]] = {}
         self.rows_written = 0
         self.inserts = 0
+        self.recent = RecentEventIds()  # event ids are unique across tables: one memory serves all
         # where a sink's time goes (bench, metrics): wall-clock and CPU seconds per stage
         self.stage_seconds = {"arrow": 0.0, "insert": 0.0}
         self.stage_cpu_seconds = {"arrow": 0.0, "insert": 0.0}
@@ -75,6 +79,7 @@ class ClickHouseSink:
         producing equal tokens. Time spent building Arrow and inserting is added to ``stage_seconds``
         (wall clock) and ``stage_cpu_seconds``.
         """
+        records = self.recent.unseen(records)
         if not records:
             return 0
         table = TOPIC_BY_NAME[topic].table
@@ -87,6 +92,7 @@ class ClickHouseSink:
         self.stage_seconds["insert"] += time.perf_counter() - built
         self.stage_cpu_seconds["arrow"] += built_cpu - started_cpu  # this thread: the build is Python
         self.stage_cpu_seconds["insert"] += time.process_time() - insert_cpu  # chDB's threads work too
+        self.recent.remember(records)
         self.inserts += 1
         self.rows_written += len(records)
         return len(records)
