@@ -1,11 +1,15 @@
-"""Rewrite the settings table in README.md from entroloop/contract/settings.py (run after adding a setting)."""
+"""Rewrite the settings table in docs/configuration.md from entroloop/contract/settings.py.
+
+Run after adding a setting (`make readme-settings`); tests/unit/entroloop/test_settings.py fails
+while the page lacks a variable.
+"""
 
 import re
 from pathlib import Path
 
 from entroloop.contract.settings import settings_markdown
 
-readme = Path(__file__).resolve().parents[1] / "README.md"
-text = readme.read_text()
+page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+text = page.read_text()
 block = f"<!-- settings:begin -->\n{settings_markdown()}\n<!-- settings:end -->"
-readme.write_text(re.sub(r"<!-- settings:begin -->.*<!-- settings:end -->", lambda _: block, text, flags=re.S))
+page.write_text(re.sub(r"<!-- settings:begin -->.*<!-- settings:end -->", lambda _: block, text, flags=re.S))

@@ -1,7 +1,7 @@
 """Settings: one place, one prefix (``ENTROLOOP_``), every variable documented here.
 
 Each field's ``description`` is the documentation: ``entroloop settings`` prints them as the
-Markdown table that README.md carries, and a test checks that README.md lists every variable.
+Markdown table that docs/configuration.md carries, and a test checks that it lists every variable.
 Secrets are ``SecretStr`` so they never print in logs, reprs or events.
 """
 
@@ -427,7 +427,7 @@ def settings() -> Settings:
 
 
 def settings_markdown() -> str:
-    """The README table of every variable, generated from the field descriptions."""
+    """The docs/configuration.md table of every variable, generated from the field descriptions."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
         default = field.default

