@@ -36,3 +36,13 @@ def chdb_client(chdb_dsn):
 def ch_database() -> str:
     """A fresh, unique database name for one test (created by whoever migrates it)."""
     return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def receiver():
+    """A local HTTP server recording the webhook calls it gets (``webhook_receiver.WebhookReceiver``)."""
+    from tests.unit.streams.actions.webhook_receiver import WebhookReceiver
+
+    server = WebhookReceiver()
+    yield server
+    server.close()

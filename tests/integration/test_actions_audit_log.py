@@ -9,7 +9,6 @@ import hashlib
 import time
 from pathlib import Path
 
-import pytest
 
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import (
@@ -25,18 +24,10 @@ from entroloop.infra.worm.reader import find_actions
 from entroloop.runner import EmbeddedRunner
 from sinks.audit.verify import verify_store
 from streams.actions import load_runbooks
-from tests.unit.streams.actions.webhook_receiver import WebhookReceiver
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOKS = load_runbooks(REPO / "runbooks")
 ADAPTER = "lora-support-7"
-
-
-@pytest.fixture
-def receiver():
-    r = WebhookReceiver()
-    yield r
-    r.close()
 
 
 def _settings(tmp_path: Path, chdb_dsn: str, database: str, **values) -> Settings:

@@ -28,18 +28,10 @@ from streams.actions import (
     load_runbooks,
     parse_runbook,
 )
-from tests.unit.streams.actions.webhook_receiver import WebhookReceiver
 
 REPO_RUNBOOKS = load_runbooks(Path(__file__).resolve().parents[4] / "runbooks")
 AT = 1_790_000_000.0
 ADAPTER = "lora-support-7"
-
-
-@pytest.fixture
-def receiver():
-    r = WebhookReceiver()
-    yield r
-    r.close()
 
 
 @pytest.fixture

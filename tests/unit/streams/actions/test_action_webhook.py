@@ -5,17 +5,8 @@ from __future__ import annotations
 import socket
 import time
 
-import pytest
 
 from streams.actions.webhook import WebhookClient
-from tests.unit.streams.actions.webhook_receiver import WebhookReceiver
-
-
-@pytest.fixture
-def receiver():
-    r = WebhookReceiver()
-    yield r
-    r.close()
 
 
 def test_success_posts_json_with_idempotency_key_and_token(receiver):
