@@ -21,6 +21,7 @@ import msgspec
 
 from entroloop.contract.records import Audit, BadCase, Event, Feedback
 from entroloop.contract.settings import Settings
+from entroloop.infra.pii import PiiRedactor, redactor_for_service
 from streams.base import Processor, derive
 from streams.rules import OTHER, ResponseRules, Token, tokenize
 from streams.table_state import TableStateSpec
@@ -155,8 +156,14 @@ class BadCaseJoiner(Processor):
         regression_confidence: float = 0.8,
         negative_rating: int = 2,
         state: MutableMapping[str, JoinEntry] | None = None,
+        redactor: PiiRedactor | None = None,
     ) -> None:
         self.rules = rules or ResponseRules()
+        # The user's correction and comment are free text that reaches the join state (a changelog
+        # topic) and the bad_cases table: redacted like the gateway redacts prompts, with the same
+        # key, so placeholders in the answer and in the correction match and the diff stays true.
+        # None: a random per-process key (tests, demos); from_settings uses ENTROLOOP_PII_HASH_KEY.
+        self.redactor = redactor if redactor is not None else PiiRedactor(None)
         self.ttl_s = ttl_s
         self.regression_confidence = regression_confidence
         self.negative_rating = negative_rating
@@ -172,10 +179,14 @@ class BadCaseJoiner(Processor):
             ttl_s=settings.badcase_join_ttl_s,
             regression_confidence=settings.badcase_regression_confidence,
             negative_rating=settings.badcase_negative_rating,
+            # Without the key it still redacts, but its pseudonyms differ from the gateway's: warn.
+            redactor=redactor_for_service(settings, "bad-case joiner", refuse_in_production=False),
         )
 
     def process(self, record: Event) -> list[Event]:
         if isinstance(record, Audit):
+            if record.part_index:  # a large audit in parts: the first part starts the answer to diff
+                return []
             entry = self.state.get(record.request_id)
             if entry is None:
                 entry = JoinEntry()
@@ -189,6 +200,7 @@ class BadCaseJoiner(Processor):
         if isinstance(record, Feedback):
             if not record.corrected_answer:
                 return []
+            record = self._redacted_feedback(record)  # before it is kept in the join state
             entry = self.state.get(record.request_id)
             if entry is None:
                 entry = JoinEntry()
@@ -212,9 +224,19 @@ class BadCaseJoiner(Processor):
         assert audit is not None
         return self.build(audit, feedback)
 
+    def _redacted_feedback(self, feedback: Feedback) -> Feedback:
+        redact = self.redactor.redact_text
+        return msgspec.structs.replace(
+            feedback, corrected_answer=redact(feedback.corrected_answer), comment=redact(feedback.comment)
+        )
+
     def build(self, audit: Audit, feedback: Feedback) -> BadCase:
-        """The bad case of one (audit, feedback) pair; pure, used by the join and by replays."""
-        response, correction = audit.response, feedback.corrected_answer
+        """The bad case of one (audit, feedback) pair; pure, used by the join and by replays.
+
+        Every text is redacted (idempotent: the gateway already redacted the audit's), so no raw
+        PII from a correction reaches the BadCase, whoever calls this."""
+        redact = self.redactor.redact_text
+        response, correction = redact(audit.response), redact(feedback.corrected_answer)
         rule_labels = self.rules.compare(response, correction, audit.route)
         span, _ = minimal_failing_span(response, correction)
         confidence = bad_case_confidence(rule_labels, span, response, feedback, self.negative_rating)
@@ -230,7 +252,7 @@ class BadCaseJoiner(Processor):
             0,
             self.name,
             model=audit.model,
-            prompt=audit.prompt,
+            prompt=redact(audit.prompt),
             response=response,
             correction=correction,
             route=audit.route,

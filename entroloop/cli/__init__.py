@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "training",
     "bench_lag",
     "gateway",
+    "eval",
 ]
 
 for _name in COMMAND_MODULES:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from collectors.pii import PiiRedactor
+from entroloop.infra.pii import PiiRedactor
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import (
     Audit,

@@ -11,8 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from collectors.pii import ENTITY_TYPES, PiiRedactor, cn_id_valid, luhn_valid
 from entroloop.contract.settings import Settings
+from entroloop.infra.pii import (
+    ENTITY_TYPES,
+    PiiRedactor,
+    cn_id15_valid,
+    cn_id_valid,
+    luhn_valid,
+)
 
 KEY = "test-key"
 PLACEHOLDER = re.compile(r"\[([A-Z0-9_]+):([0-9a-f]{16})\]")
@@ -95,7 +101,11 @@ def test_key_comes_from_settings() -> None:
 def test_checksums() -> None:
     assert luhn_valid("4111111111111111") and not luhn_valid("4111111111111112")
     assert cn_id_valid("11010519491231002X") and not cn_id_valid("110105194912310021")
-    assert set(ENTITY_TYPES) == {"email", "phone", "bank_card", "cn_id", "ipv4", "ipv6"}
+    assert cn_id15_valid("110105491231002") and not cn_id15_valid("110105491331002")  # month 13
+    assert not cn_id15_valid("990105491231002")  # no province 99
+    assert set(ENTITY_TYPES) == {
+        "email", "phone", "landline", "iban", "bank_card", "cn_id", "passport", "ipv4", "ipv6", "name", "address"
+    }
 
 
 @settings(max_examples=300, deadline=None)
@@ -109,5 +119,5 @@ def test_redaction_is_total_and_idempotent(text: str) -> None:
 
 
 def test_does_not_import_torch() -> None:
-    code = "import sys, collectors.pii; sys.exit('torch' in sys.modules)"
+    code = "import sys, entroloop.infra.pii; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

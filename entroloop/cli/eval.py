@@ -1,0 +1,200 @@
+"""`entroloop eval ...`: measure the detectors on the user's own labelled JSONL.
+
+The figures a project computes on data it generated itself say little about real traffic; these
+commands let users measure (and calibrate) the same code the pipeline runs on their labels.
+
+Every subcommand shares one shape (helpers below, so a new one stays a single function):
+- reads JSONL, one object per line; unknown keys are ignored; blank lines are skipped; a line that
+  is not JSON or misses a required field stops the command with exit code 2 and an error naming
+  ``FILE:LINE`` and the field;
+- prints a table; with ``--json`` the LAST line of stdout is one JSON object with the figures;
+- with ``--predictions OUT.jsonl`` writes one line per input line, same order, carrying the input's
+  ``id`` when it has one.
+
+Subcommands: ``pii`` (this file). ``entropy``, ``corrections`` and ``intent`` follow the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+import typer
+from rich.console import Console
+from rich.table import Table
+
+eval_app = typer.Typer(
+    help="Measure the detectors on your own labelled JSONL (formats: `entroloop eval COMMAND --help`).",
+    no_args_is_help=True,
+)
+out_console = Console()
+err_console = Console(stderr=True)
+
+T = TypeVar("T")
+
+InputFile = Annotated[
+    Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="Labelled JSONL, one object per line.")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="End stdout with the figures as one JSON line.")]
+Predictions = Annotated[
+    Path | None,
+    typer.Option("--predictions", help="Write one JSON line per input line (same order, with its id) here."),
+]
+
+
+# --- shared helpers ----------------------------------------------------------------------------
+
+
+class EvalInputError(Exception):
+    """A line of the input that cannot be evaluated, as ``FILE:LINE: what is wrong``."""
+
+
+def read_jsonl(path: Path, schema: type[T]) -> list[T]:
+    """Every non-blank line of ``path`` converted to ``schema`` (a msgspec Struct; unknown keys ignored).
+
+    Raises ``EvalInputError`` naming the file, the 1-based line number and the field."""
+    records: list[T] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise EvalInputError(f"{path}:{number}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+            if not isinstance(raw, dict):
+                raise EvalInputError(f"{path}:{number}: expected a JSON object, got {type(raw).__name__}")
+            try:
+                records.append(msgspec.convert(raw, schema))
+            except msgspec.ValidationError as exc:
+                raise EvalInputError(f"{path}:{number}: {exc}") from None
+            check = getattr(records[-1], "check", None)
+            if check is not None:
+                problem = check()
+                if problem:
+                    raise EvalInputError(f"{path}:{number}: {problem}")
+    return records
+
+
+def fail(message: str) -> typer.Exit:
+    """Print ``message`` to stderr; the caller raises the returned exit (code 2: bad input)."""
+    err_console.print(f"[red]{message}[/red]", soft_wrap=True)
+    return typer.Exit(2)
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+    """One rich table on stdout (before the ``--json`` line, which stays last)."""
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*(str(cell) for cell in row))
+    out_console.print(table)
+
+
+def emit_json(figures: dict[str, Any]) -> None:
+    """The figures as one JSON object on the last line of stdout."""
+    out_console.file.flush()
+    print(json.dumps(figures, ensure_ascii=False, sort_keys=True), flush=True)
+
+
+def write_predictions(path: Path | None, rows: Iterable[dict[str, Any]]) -> None:
+    """One JSON object per input line, same order."""
+    if path is None:
+        return
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def ratio(numerator: int, denominator: int) -> float:
+    return round(numerator / denominator, 4) if denominator else 0.0
+
+
+# --- eval pii ----------------------------------------------------------------------------------
+
+
+class PiiSpan(msgspec.Struct):
+    """A labelled substring: ``pii`` true for PII that must disappear, false for a look-alike."""
+
+    kind: str
+    value: str
+    pii: bool
+
+
+class PiiLine(msgspec.Struct):
+    text: str
+    id: str | int | None = None
+    spans: list[PiiSpan] = []
+
+    def check(self) -> str:
+        for i, span in enumerate(self.spans):
+            if not span.value:
+                return f"spans[{i}].value is empty"
+            if span.value not in self.text:
+                return f"spans[{i}].value ({span.kind}) does not occur in text"
+        return ""
+
+
+@eval_app.command("pii")
+def pii(file: InputFile, as_json: AsJson = False, predictions: Predictions = None) -> None:
+    """PII redaction on labelled text: recall per kind and false positives per look-alike kind.
+
+    Lines: {"id", "text", "spans": [{"kind", "value", "pii": bool}]}; spans are optional, unknown keys ignored.
+
+    Judged on the text as redacted by the redactor the gateway and the bad-case joiner apply before storage: a span with "pii": true is recalled when its value no longer appears; a look-alike ("pii": false: order numbers, amounts, dates, hotlines, versions...) is a false positive when its value was altered.
+    """
+    from entroloop.cli.common import settings_or_exit
+    from entroloop.infra.pii import PiiRedactor
+
+    try:
+        lines = read_jsonl(file, PiiLine)
+    except EvalInputError as exc:
+        raise fail(str(exc)) from None
+    redactor = PiiRedactor.from_settings(settings_or_exit())
+    found: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # kind -> [recalled, support]
+    altered: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # kind -> [altered, support]
+    rows = []
+    for line in lines:
+        redacted = redactor.redact(line.text).text
+        for span in line.spans:
+            gone = span.value not in redacted
+            tally = found[span.kind] if span.pii else altered[span.kind]
+            tally[0] += int(gone)
+            tally[1] += 1
+        rows.append({"id": line.id, "text": redacted})
+    write_predictions(predictions, rows)
+
+    figures = {
+        "recall": {k: {"recall": ratio(n, s), "support": s} for k, (n, s) in sorted(found.items())},
+        "false_positives": {k: {"rate": ratio(n, s), "support": s} for k, (n, s) in sorted(altered.items())},
+        "lines": len(lines),
+    }
+    table_rows: list[Sequence[object]] = [
+        (kind, "pii", v["support"], f"recall {v['recall']:.3f}") for kind, v in figures["recall"].items()
+    ]
+    table_rows += [
+        (kind, "look-alike", v["support"], f"false positives {v['rate']:.3f}")
+        for kind, v in figures["false_positives"].items()
+    ]
+    recalled = sum(n for n, _ in found.values())
+    support = sum(s for _, s in found.values())
+    fp = sum(n for n, _ in altered.values())
+    fp_support = sum(s for _, s in altered.values())
+    if support or fp_support:
+        table_rows.append(("all", "pii", support, f"recall {ratio(recalled, support):.3f}"))
+        table_rows.append(("all", "look-alike", fp_support, f"false positives {ratio(fp, fp_support):.3f}"))
+    print_table(f"PII redaction on {file.name} ({len(lines)} lines)", ("kind", "labelled as", "spans", "figure"),
+                table_rows)
+    if as_json:
+        emit_json(figures)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(eval_app, name="eval")
+
+
+__all__ = ["EvalInputError", "emit_json", "eval_app", "fail", "print_table", "read_jsonl", "register",
+           "write_predictions"]
