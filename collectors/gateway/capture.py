@@ -2,7 +2,7 @@
 
 PII redaction happens here, on every string of the prompt and the response, before any record is
 built: nothing that leaves the gateway carries a raw e-mail, phone number, card or ID number or IP
-address (``collectors.pii``). User ids become keyed pseudonyms.
+address (``entroloop.infra.pii``). User ids become keyed pseudonyms.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.pii import PiiRedactor
+from entroloop.infra.pii import PiiRedactor
 
 # Request fields that decide what the engine generates: kept (as scalars) to reproduce the answer.
 SAMPLING_KEYS = (
@@ -103,4 +103,4 @@ def user_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str:
     return str(body.get("user") or headers.get("x-user-id") or "")
 
 
-__all__ = ["RedactedExchange", "SAMPLING_KEYS", "prompt_of", "redact_exchange", "response_texts", "sampling_of", "user_of"]
+__all__ = ["SAMPLING_KEYS", "RedactedExchange", "prompt_of", "redact_exchange", "response_texts", "sampling_of", "user_of"]

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 
 from entroloop.cli.common import settings_or_exit
+from entroloop.contract.settings import SettingsError
+from entroloop.infra.pii import PII_KEY_FIX, PII_KEY_VARIABLE
 
 console = Console(stderr=True)
 
@@ -39,15 +41,32 @@ def gateway(
     try:
         import uvicorn
 
-        from collectors.gateway.app import app_from_settings
+        from collectors.gateway.app import GatewayConfigError, app_from_settings
     except ImportError as exc:
         console.print(f"[red]{exc}: install the gateway extra: pip install 'entroloop[gateway]'[/red]")
         raise typer.Exit(2) from None
 
-    app = app_from_settings(settings, upstream=upstream, engine=engine, adapter_routing=adapter_routing)
+    try:
+        app = app_from_settings(settings, upstream=upstream, engine=engine, adapter_routing=adapter_routing)
+    except (SettingsError, GatewayConfigError) as exc:  # e.g. production without a PII key; API keys
+        # that cannot work (messages name the setting and the fix, never a key)
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    if app.state.gateway.redactor.ephemeral:
+        console.print(f"[bold yellow]WARNING: {PII_KEY_VARIABLE} is not set (demo mode): PII pseudonyms use a "
+                      f"random key of this process and will not join across processes or restarts; "
+                      f"{PII_KEY_FIX}[/bold yellow]")
     listen_host = host or settings.gateway_host
     listen_port = port or settings.gateway_port
-    console.print(f"entroloop gateway on http://{listen_host}:{listen_port} -> {app.state.gateway.config.upstream}")
+    config = app.state.gateway.config
+    console.print(f"entroloop gateway on http://{listen_host}:{listen_port} -> {config.upstream}")
+    if config.api_keys:
+        console.print(f"API keys for {len(config.api_keys.tenants)} tenant(s); inference "
+                      f"{'needs a key' if config.access_policy().inference_needs_key else 'is open'}; admin paths for "
+                      f"{', '.join(sorted(config.admin_tenants)) or 'nobody'}")
+    else:
+        console.print("[yellow]no API key configured: inference is open to anyone who reaches this port and admin "
+                      "paths are refused; set ENTROLOOP_GATEWAY_API_KEYS_FILE (tenant:key lines)[/yellow]")
     routing = app.state.gateway.routing
     if routing is not None:
         console.print(f"adapter routing from {settings.clickhouse_database}.adapter_status, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from confluent_kafka import Consumer
 from starlette.testclient import TestClient
@@ -71,3 +72,30 @@ def test_gateway_records_reach_kafka_redacted(kafka_bootstrap: str, topic_prefix
         (audit,) = [r for r in mine if isinstance(r, Audit)]
         assert audit.redactions == {"email": 2, "phone": 2, "bank_card": 2}
         assert audit.node_id == "gw-kafka"
+
+
+def test_a_large_audit_reaches_kafka_whole_in_parts(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    """A ~2.4 MB audit (prompt echoed back) used to be one record over the limits: the producer
+    refused it, or the consumers made it a dead letter. Its parts all reach Kafka, each decodes, and
+    joined in part order they give the whole redacted prompt and response."""
+    from entroloop.infra.worm.layouts import join_audit_parts
+
+    ensure_topics(kafka_bootstrap, prefix=topic_prefix)
+    settings = load_settings(kafka_bootstrap=kafka_bootstrap, topic_prefix=topic_prefix, node_id="gw-large",
+                             publisher_spool_dir=tmp_path / "spool", pii_hash_key="kafka-test-key")
+    content = (f"mail {EMAIL} 订单 " + "order shipped, please check. " * 100) * 400  # ~1.2 MB
+    with FakeUpstream(vllm=True) as upstream:
+        app = app_from_settings(settings, upstream=upstream.url, engine="vllm")
+        with TestClient(app) as client:
+            body = {"model": "base-m", "messages": [{"role": "user", "content": content}]}
+            assert client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "big-1"}).status_code == 200
+        publisher = app.state.gateway.publish.__self__
+        publisher.close(timeout=30)
+        assert publisher.stats()["failed"] == 0  # the producer refused no part
+
+    values = _consume_raw(kafka_bootstrap, [topic_prefix + Audit.topic], expected=3)
+    parts = [codec.decode(v) for v in values]  # each within the consumers' record limit
+    assert len(parts) >= 3 and all(isinstance(p, Audit) and p.request_id == "big-1" for p in parts)
+    (joined,) = join_audit_parts([{**msgspec.structs.asdict(p)} for p in parts])
+    assert "parts_missing" not in joined and EMAIL not in joined["prompt"] + joined["response"]
+    assert joined["response"].startswith("Hello there, mail [EMAIL:") and len(joined["response"]) > len(content)

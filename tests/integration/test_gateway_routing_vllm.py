@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from collectors.gateway.app import GatewayConfig, create_app
 from collectors.gateway.routing import RoutingTable
-from collectors.pii import PiiRedactor
+from entroloop.infra.pii import PiiRedactor
 from entroloop.contract.records import Audit
 from entroloop.contract.settings import Settings
 from entroloop.infra.adapter_routing import AdapterRouting

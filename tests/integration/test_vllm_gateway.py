@@ -22,7 +22,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from collectors.gateway.app import GatewayConfig, create_app
-from collectors.pii import PiiRedactor
+from entroloop.infra.pii import PiiRedactor
 from collectors.vllm.emit import read_frames
 from entroloop.contract.records import Audit, Span, TokenEntropy
 from tests.integration.vllm_tiny_model import build_tiny_llama

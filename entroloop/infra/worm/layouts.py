@@ -15,8 +15,9 @@ further record type is one more layout, not another copy of the writer.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -53,6 +54,9 @@ AUDIT_SCHEMA = pa.schema(
         ("engine_version", pa.string()),
         ("language", pa.string()),
         ("redactions", pa.string()),
+        ("outcome", pa.string()),
+        ("part_index", pa.int32()),
+        ("part_count", pa.int32()),
     ]
 )
 
@@ -132,6 +136,43 @@ LOGGED_TOPICS: tuple[str, ...] = tuple(LAYOUT_BY_TOPIC)
 """The topics whose records go to the write-once log (the embedded runner and `sink audit` read these)."""
 
 
+def join_audit_parts(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Audit rows read back, with the parts of each chunked audit joined into one row.
+
+    The gateway publishes an audit too large for one record as ``part_count`` records sharing an
+    ``audit_id`` (``Audit.part_index``). Their prompt and response slices are concatenated in part
+    order; the joined row keeps the first part's other fields, ``_object`` lists every data file
+    read, and ``parts_missing`` names any part not found (the row is then incomplete, never
+    silently). Rows written before parts existed (no ``part_count``) pass through unchanged.
+    """
+    out: list[dict[str, Any]] = []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if (row.get("part_count") or 1) <= 1:
+            out.append(row)
+            continue
+        if row["audit_id"] not in groups:
+            groups[row["audit_id"]] = []
+            out.append({"_parts_of": row["audit_id"]})  # placeholder: keeps the first part's position
+        groups[row["audit_id"]].append(row)
+    for i, row in enumerate(out):
+        if "_parts_of" not in row:
+            continue
+        parts = {p["part_index"]: p for p in groups[row["_parts_of"]]}  # a redelivered part counts once
+        ordered = [parts[k] for k in sorted(parts)]
+        joined = dict(ordered[0])
+        joined["prompt"] = "".join(p["prompt"] for p in ordered)
+        joined["response"] = "".join(p["response"] for p in ordered)
+        joined["part_index"] = 0
+        if "_object" in joined:
+            joined["_object"] = sorted({p["_object"] for p in ordered})
+        missing = sorted(set(range(joined["part_count"])) - set(parts))
+        if missing:
+            joined["parts_missing"] = missing
+        out[i] = joined
+    return out
+
+
 def layout_for(topic: str) -> RecordLayout:
     """The layout of ``topic``'s records; ``ValueError`` for a topic the audit log does not hold."""
     try:
@@ -150,5 +191,6 @@ __all__ = [
     "LOGGED_TOPICS",
     "RecordLayout",
     "day_of",
+    "join_audit_parts",
     "layout_for",
 ]

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from collectors.gateway.app import GatewayConfig, create_app
 from collectors.gateway.topk_entropy import entropy_from_logprobs
-from collectors.pii import PiiRedactor
+from entroloop.infra.pii import PiiRedactor
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span, TokenEntropy
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream

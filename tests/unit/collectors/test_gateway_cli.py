@@ -66,3 +66,20 @@ def test_gateway_command_proxies_and_writes_audit_frames(tmp_path: Path) -> None
     assert audits[0].node_id == "gw-cli" and audits[0].engine_version == "vllm 0.32.0"
     assert audits[0].redactions == {"phone": 2} and "555" not in audits[0].prompt
     assert audits[0].trace_id == spans[0].trace_id and audits[0].request_id == spans[0].request_id
+
+
+def test_gateway_command_refuses_keys_that_cannot_work_naming_the_setting(monkeypatch, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from entroloop.cli import app
+
+    monkeypatch.setenv("ENTROLOOP_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("ENTROLOOP_GATEWAY_API_KEYS", "acme:tiny-secret")  # too short to be a key
+    with socket.socket() as busy:  # code that ignored the keys would try to serve here, fail and exit 1
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = str(busy.getsockname()[1])
+        result = CliRunner().invoke(app, ["gateway", "--upstream", "http://127.0.0.1:9", "--port", port])
+    assert result.exit_code == 2, result.output
+    assert "ENTROLOOP_GATEWAY_API_KEYS" in result.output and "at least 16" in result.output
+    assert "tiny-secret" not in result.output and "Traceback" not in result.output

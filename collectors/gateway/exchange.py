@@ -1,0 +1,36 @@
+"""One audited request as it goes through the gateway: what was asked, what came back, how it ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from collectors import tracecontext
+
+
+@dataclass
+class Exchange:
+    """Everything the records of one request are built from (filled in as the request proceeds)."""
+
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    trace: tracecontext.TraceContext
+    request_id: str
+    span_id: str
+    engine: str
+    start: float
+    tenant: str = ""  # the API key's tenant; without keys, the X-Entroloop-Tenant header
+    model: str = ""
+    adapter: str = ""
+    routed: str = ""  # "canary" or "stable" when adapter routing chose the served model, else ""
+    end: float = 0.0
+    ttft_s: float | None = None
+    status_code: int = 0
+    outcome: str = "ok"  # ok | upstream_error | client_disconnected (Audit.outcome)
+    error: str = ""  # what went wrong upstream, for the span (no request data in it)
+    response: dict[str, Any] = field(default_factory=dict)
+    entropies: list[float] = field(default_factory=list)
+
+
+__all__ = ["Exchange"]

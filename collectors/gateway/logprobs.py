@@ -1,0 +1,39 @@
+"""The logprobs the gateway asks a non-vLLM engine for: read them as entropies, then give the client
+only what it asked for (so it sees what the engine would have sent it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collectors.gateway.topk_entropy import (
+    chat_token_entropies,
+    completion_token_entropies,
+)
+
+
+def approximate_entropies(path: str, data: dict[str, Any]) -> list[float]:
+    """Per-token entropy of the first choice from its top-k logprobs."""
+    choices = data.get("choices") or []
+    if not choices:
+        return []
+    logprobs = choices[0].get("logprobs")
+    return chat_token_entropies(logprobs) if path.endswith("chat/completions") else completion_token_entropies(logprobs)
+
+
+def restore_client_logprobs(path: str, data: dict[str, Any], asked: int | None) -> None:
+    """Give the client the logprobs it asked for and no more (none if it asked for none)."""
+    for choice in data.get("choices") or []:
+        logprobs = choice.get("logprobs")
+        if asked is None or logprobs is None:
+            choice["logprobs"] = None
+        elif path.endswith("chat/completions"):
+            for token in logprobs.get("content") or []:
+                token["top_logprobs"] = (token.get("top_logprobs") or [])[:asked]
+        else:
+            logprobs["top_logprobs"] = [
+                dict(sorted(top.items(), key=lambda kv: kv[1], reverse=True)[:asked]) if top else top
+                for top in logprobs.get("top_logprobs") or []
+            ]
+
+
+__all__ = ["approximate_entropies", "restore_client_logprobs"]
