@@ -47,6 +47,7 @@ from collectors.spool import FsyncPolicy, Spool, SpoolFull, SpoolLocked, orphan_
 from entroloop.contract import codec
 from entroloop.contract.records import Event
 from entroloop.contract.settings import Settings
+from entroloop.infra.private_files import make_private_dir
 
 log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger(__name__ + ".librdkafka")
@@ -183,7 +184,7 @@ class Publisher:
         self._last_probe = 0.0
         self._lock = threading.Lock()
         self._drop_logged_at = 0.0
-        self.config.spool_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.config.spool_dir)  # spooled records hold prompts and answers: 0700
         own = self.config.spool_dir / f"{self.config.client_id}-{self._pid}-{next(_instance_numbers)}.spool"
         self._spool = Spool(own, self.config.spool_max_bytes, self.config.fsync)
         # Spool files left by dead processes are replayed first (a live owner's lock keeps us out).

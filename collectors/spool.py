@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from entroloop.infra.private_files import make_private_dir, open_private
+
 log = logging.getLogger(__name__)
 
 FsyncPolicy = Literal["always", "batch", "never"]
@@ -106,8 +108,8 @@ class Spool:
         self.max_bytes = max_bytes
         self.fsync = fsync
         self._lock = threading.Lock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a+b")  # noqa: SIM115 - lives as long as the spool
+        make_private_dir(self.path.parent)  # spooled records hold prompts and answers: 0700/0600
+        self._file = open_private(self.path, "a+b")  # lives as long as the spool
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -211,7 +213,8 @@ class Spool:
 
     def _write_cursor(self, value: int) -> None:
         tmp = self.cursor_path.with_name(self.cursor_path.name + ".tmp")
-        tmp.write_text(str(value))
+        with open_private(tmp, "wb") as fh:
+            fh.write(str(value).encode())
         os.replace(tmp, self.cursor_path)
 
     def close(self, remove_if_empty: bool = False) -> None:

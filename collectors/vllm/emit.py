@@ -27,6 +27,7 @@ from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper, new_trace_id
 from entroloop.contract.records import TokenEntropy, pack_entropies
 from entroloop.contract.settings import Settings
+from entroloop.infra.private_files import make_private_dir, open_private
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,9 @@ class FileSink:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(str(path).replace("{pid}", str(os.getpid())))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.path.parent)  # the gateway's frames hold prompts and answers: 0700/0600
         self._lock = threading.Lock()
-        self._file = open(self.path, "ab")  # noqa: SIM115 - lives as long as the engine
+        self._file = open_private(self.path, "ab")  # lives as long as the engine
 
     def __call__(self, record: TokenEntropy) -> None:
         data = codec.encode(record)

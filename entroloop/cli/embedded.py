@@ -141,17 +141,19 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]{settings.data_dir} holds no event log.[/red] Run `entroloop demo --data-dir {settings.data_dir}` first.")
             raise typer.Exit(2)
         runner = _runner(settings)
-        before = runner.table_rows()
+        before, rollups_before = runner.table_rows(), runner.rollup_totals()
         files_before = runner.audit.store.list()
         runner.rewind()
         with _progress() as progress:
             task = progress.add_task("replay", total=_log_size(runner))
             runner.drain(on_batch=lambda _t, n: progress.advance(task, n), end_of_stream=True)
-        after = runner.table_rows()
+        after, rollups_after = runner.table_rows(), runner.rollup_totals()
         result = {
             "rows_before": before,
             "rows_after": after,
-            "unchanged": before == after,
+            "rollups_before": rollups_before,  # a record counted twice shows here, never in FINAL rows
+            "rollups_after": rollups_after,
+            "unchanged": before == after and rollups_before == rollups_after,
             "audit_files_before": len(files_before),
             "audit_files_after": len(runner.audit.store.list()),
             "audit_files_rewritten": runner.audit.files_written,
@@ -160,7 +162,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(result))
         else:
-            out.print(f"tables unchanged: {result['unchanged']}; audit files written anew: {result['audit_files_rewritten']}")
+            out.print(f"tables and rollups unchanged: {result['unchanged']}; audit files written anew: {result['audit_files_rewritten']}")
 
     @app.command()
     def query(
@@ -168,16 +170,24 @@ def register(app: typer.Typer) -> None:
         data_dir: DataDir = None,
         as_json: Annotated[bool, typer.Option("--json", help="Rows as JSON lines.")] = False,
     ) -> None:
-        """Run SQL against the embedded ClickHouse (chDB) and print the result."""
+        """Run read-only SQL over entroloop's tables (embedded chDB or the configured server).
+
+        Files, URLs, S3, other servers, dictionaries and writes are refused (exit 2): audit text is
+        read by id with `entroloop audit get`, never searched here.
+        """
         from entroloop.infra.clickhouse.client import connect
+        from entroloop.infra.clickhouse.readonly import QueryRefused, run_readonly_query
 
         settings = _settings(data_dir)
         try:
             client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
-            result = client.query(sql)
+            result = run_readonly_query(client, sql, settings.clickhouse_database)
         except ClickHouseLocked as exc:
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(3) from None
+        except QueryRefused as exc:
+            console.print(f"[red]query refused:[/red] {exc}")
+            raise typer.Exit(2) from None
         except Exception as exc:  # a SQL error is the user's to fix: show it plainly
             console.print(f"[red]query failed:[/red] {str(exc).splitlines()[0][:500]}")
             raise typer.Exit(1) from None

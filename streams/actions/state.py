@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from entroloop.infra.private_files import make_private_dir, open_private
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
     runbook TEXT NOT NULL,
@@ -36,7 +38,8 @@ class ActionState:
 
     def __init__(self, path: Path | str = ":memory:") -> None:
         if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(Path(path).parent)
+            open_private(Path(path), "ab").close()  # 0600 before sqlite opens it (its WAL copies the mode)
         self.path = str(path)
         self._lock = threading.Lock()
         # isolation_level=None: autocommit; each method is its own explicit transaction.

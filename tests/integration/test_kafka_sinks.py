@@ -138,6 +138,9 @@ def test_sinks_store_every_event_once(kafka_bootstrap: str, topic_prefix: str, t
     assert ch_stats["dead_letters"] == len(POISON)
     assert ch_stats["replayed_rows"] == 0
     check_clickhouse(sent, tmp_path / "clickhouse", absorbed=0, scenario="clean")
+    # the poison bytes are in the write-once quarantine (by dead-letter id), not in dead_letters.payload
+    quarantined = LocalWormStore(tmp_path / "clickhouse" / "quarantine")
+    assert sorted(quarantined.get(k) for k in quarantined.list()) == sorted(POISON)
     check_audit(sent[Audit.topic], tmp_path / "audit", absorbed=0, scenario="clean")
     print(f"both sinks, start to drained: {elapsed:.1f} s; clickhouse sink {ch_stats['rows_per_s']:.0f} rows/s")
 

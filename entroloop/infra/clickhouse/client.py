@@ -14,6 +14,8 @@ from typing import Any
 
 import clickhouse_connect
 
+from entroloop.infra.private_files import make_private_dir
+
 
 class ClickHouseLocked(RuntimeError):
     """The embedded ClickHouse folder is owned by another process."""
@@ -39,6 +41,8 @@ def connect(dsn: str, password: str = "") -> Any:
     if not dsn.startswith("chdb://"):
         return clickhouse_connect.get_client(dsn=dsn, password=password or None)
     folder = Path(dsn.removeprefix("chdb://"))
+    if dsn.startswith("chdb:///") and "?" not in dsn and len(folder.parts) > 1:  # a folder, not chdb://memory
+        make_private_dir(folder)  # chDB's parts hold redacted text and audit indexes: owner only
     try:
         return clickhouse_connect.get_client(dsn=dsn)
     except Exception as exc:  # chDB reports these as generic errors; name the cause and the fix

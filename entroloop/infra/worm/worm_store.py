@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Protocol
 
+from entroloop.infra.private_files import READ_ONLY_FILE, make_private_dir, open_private
+
 
 class ObjectExists(Exception):
     """An object with this key already holds different bytes; the original is kept."""
@@ -32,7 +34,7 @@ class WormStore(Protocol):
 class LocalWormStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.root)  # audit text is read by id through entroloop, not by other accounts
 
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()
@@ -44,13 +46,14 @@ class LocalWormStore:
         path = self._path(key)
         if path.exists():
             return self._same(path, data, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            make_private_dir(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
+        with open_private(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o444)
+        os.chmod(tmp, READ_ONLY_FILE)  # 0400: write-once, and readable by the owner only
         try:
             os.link(tmp, path)  # atomic and exclusive: fails if the key appeared meanwhile
         except FileExistsError:
