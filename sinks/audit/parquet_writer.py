@@ -12,6 +12,10 @@ A record whose event id the writer stored lately (``sinks.recent_ids``: a publis
 re-sent it at another offset) is left out of the batch's files; the batch's manifest still covers
 its offsets, so the chain has no gap.
 
+With a ``Checkpointer`` (``ENTROLOOP_AUDIT_SIGNING_KEY_FILE``), the heads are signed after sealing
+and kept outside the log (``sinks.audit.checkpointer``), so ``verify`` can tell the log that was
+written from a consistent rewrite of it.
+
 Write order is data files, then the manifest, then the head: a crash at any point leaves objects
 that a retry recreates byte for byte (``put_once`` recognises them), and a manifest written without
 its head is adopted and sealed the next time the writer opens that chain.
@@ -28,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from entroloop.contract.records import Audit, Event
+from entroloop.infra.worm.checkpoints import AnchoredHead
 from entroloop.infra.worm.layouts import (
     ACTION_SCHEMA,
     AUDIT_LAYOUT,
@@ -49,6 +54,7 @@ from entroloop.infra.worm.manifest import (
     sha256_hex,
 )
 from entroloop.infra.worm.worm_store import ObjectExists, WormStore
+from sinks.audit.checkpointer import Checkpointer
 from sinks.recent_ids import RecentEventIds
 
 WrittenFile = FileEntry  # the name the first writer used
@@ -85,8 +91,11 @@ class AuditParquetWriter:
     written and redeliveries recognised. One writer serves every logged topic: the schema and the
     folders come from the topic's layout, the chain from its (topic, partition)."""
 
-    def __init__(self, store: WormStore, topics: Iterable[str] = LOGGED_TOPICS) -> None:
+    def __init__(
+        self, store: WormStore, topics: Iterable[str] = LOGGED_TOPICS, checkpointer: Checkpointer | None = None
+    ) -> None:
         self.store = store
+        self.checkpointer = checkpointer
         self.topics: tuple[str, ...] = tuple(topics)
         for topic in self.topics:
             layout_for(topic)  # an unknown topic fails here, not at its first batch
@@ -167,6 +176,9 @@ class AuditParquetWriter:
         key = manifest_key(topic, partition, first_offset, last_offset)
         if key in state.batches or last_offset <= state.last_offset:
             self.batches_skipped += 1  # redelivered: its records are in the chain already
+            if self.checkpointer is not None and key == state.manifest_key:
+                # the newest batch again: the writer before may have died between its head and its checkpoint
+                self.checkpointer.checkpoint(self.anchored_heads())
             return []
         if first_offset <= state.last_offset:
             raise AuditChainError(
@@ -202,7 +214,23 @@ class AuditParquetWriter:
         self._seal(manifest, sha256_hex(data), state)
         self.recent.remember(fresh)
         self.batches_written += 1
+        if self.checkpointer is not None:  # after the head is durable: never vouch for a batch that could be lost
+            self.checkpointer.batch_sealed(self.anchored_heads())
         return files
+
+    # --- anchoring -------------------------------------------------------------------------------
+    def anchored_heads(self) -> list[AnchoredHead]:
+        """The head of every chain this writer holds, as a checkpoint signs it."""
+        return [
+            AnchoredHead(name, state.seq, state.last_offset, state.manifest_key, state.manifest_sha256)
+            for name, state in sorted(self._chains.items())
+            if state.seq >= 0
+        ]
+
+    def close(self) -> None:
+        """Sign the batches sealed since the last checkpoint (with checkpoints every N > 1 batches)."""
+        if self.checkpointer is not None:
+            self.checkpointer.close(self.anchored_heads())
 
 
 __all__ = [

@@ -14,6 +14,20 @@ manifests taken in offset order:
   manifest was *modified*; older heads must agree with the chain too;
 * every object under ``audit/``, ``actions/`` or ``manifests/`` that no chain names is *inserted*.
 
+All of the above is internal consistency: someone who can write the folder can drop the newest
+batch with its head, delete a chain, or rewrite history with recomputed hashes, and every check
+still passes. Given the signed checkpoints read from outside the folder (``checkpoints``,
+``anchors``), the log is also held against the union of every valid one:
+
+* a signed head whose batch is gone is *truncated*; a signed chain with nothing left is *missing*;
+* a signed head whose manifest hash differs from the log's is *rewritten*;
+* batches (or whole chains) beyond every signed head are *unanchored*: appended by someone without
+  the key, or written after the newest checkpoint (with checkpoints every N > 1 batches);
+* a checkpoint whose signature fails is *bad_checkpoint*; anchors given but no valid checkpoint in
+  them is *no_checkpoint*.
+
+Without checkpoints the report says that only internal consistency was checked.
+
 Files are hashed once each, streaming through SHA-256 at storage speed; nothing is decoded, so
 verification scales with bytes, not records.
 """
@@ -25,6 +39,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from entroloop.infra.worm.checkpoints import CheckpointSet
 from entroloop.infra.worm.manifest import (
     DATA_PREFIXES,
     HEAD_PREFIX,
@@ -36,7 +51,8 @@ from entroloop.infra.worm.manifest import (
 )
 from entroloop.infra.worm.worm_store import WormStore
 
-PROBLEM_KINDS = ("modified", "missing", "reordered", "inserted", "broken_chain", "unsealed")
+PROBLEM_KINDS = ("modified", "missing", "reordered", "inserted", "broken_chain", "unsealed",
+                 "truncated", "rewritten", "unanchored", "bad_checkpoint", "no_checkpoint")
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,12 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     records_by_topic: dict[str, int] = field(default_factory=dict)
     """Records the manifests name, per topic (audit records and action records apart)."""
+    anchor: dict[str, object] = field(default_factory=lambda: {"mode": "internal consistency only"})
+    """What the log was held against: checkpoint sources, public key, the newest valid checkpoint."""
+
+    @property
+    def anchored(self) -> bool:
+        return self.anchor.get("mode") == "signed checkpoints"
 
     @property
     def ok(self) -> bool:
@@ -80,12 +102,14 @@ class VerifyReport:
             "bytes": self.bytes,
             "seconds": round(self.seconds, 3),
             "records_by_topic": dict(sorted(self.records_by_topic.items())),
+            "anchor": self.anchor,
             "problems": [p.__dict__ for p in self.problems],
         }
 
 
-def verify_store(store: WormStore) -> VerifyReport:
-    """Verify every chain in ``store``; the report lists each problem (empty when intact)."""
+def verify_store(store: WormStore, checkpoints: CheckpointSet | None = None) -> VerifyReport:
+    """Verify every chain in ``store``, and against ``checkpoints`` when given (read from outside
+    the store with a public key); the report lists each problem (empty when intact)."""
     started = time.perf_counter()
     report = VerifyReport(store.describe())
     problems = report.problems
@@ -124,7 +148,7 @@ def verify_store(store: WormStore) -> VerifyReport:
             data = store.get(key)
             try:
                 manifest = Manifest.from_bytes(data)
-            except Exception as exc:  # unreadable manifest: edited bytes
+            except Exception as exc:  # noqa: BLE001 - unreadable manifest: edited bytes
                 problems.append(Problem("modified", key, f"manifest does not parse ({type(exc).__name__})"))
                 manifest = None
             entries.append((key, data, manifest))
@@ -133,10 +157,13 @@ def verify_store(store: WormStore) -> VerifyReport:
                     expected_key_by_sha.setdefault(f.sha256, f.key)
         parsed[chain] = entries
 
+    ends: dict[str, tuple[int, dict[int, tuple[str, str]]]] = {}
     for chain in chains:
         report.chains += 1
-        _verify_chain(store, chain, parsed[chain], heads_by_chain.get(chain, []), file_sha, key_by_sha,
-                      expected_key_by_sha, referenced, report)
+        ends[chain] = _verify_chain(store, chain, parsed[chain], heads_by_chain.get(chain, []), file_sha,
+                                    key_by_sha, expected_key_by_sha, referenced, report)
+    if checkpoints is not None:
+        _verify_against_checkpoints(checkpoints, ends, report)
 
     for key in sorted(data_keys - referenced):
         problems.append(Problem("inserted", key, "data file named by no manifest"))
@@ -154,7 +181,8 @@ def _verify_chain(
     expected_key_by_sha: dict[str, str],
     referenced: set[str],
     report: VerifyReport,
-) -> None:
+) -> tuple[int, dict[int, tuple[str, str]]]:
+    """Check one chain; return its last batch number and seq -> (manifest key, sha256)."""
     problems = report.problems
     prev_sha, prev_seq, prev_last = "", -1, -1
     seq_to_sha: dict[int, tuple[str, str]] = {}
@@ -202,12 +230,12 @@ def _verify_chain(
     if not head_keys:
         if entries:
             problems.append(Problem("unsealed", f"{HEAD_PREFIX}{chain}/", "chain has manifests but no head"))
-        return
+        return prev_seq, seq_to_sha
     heads = []
     for key in sorted(head_keys):
         try:
             heads.append((key, Head.from_bytes(store.get(key))))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - an unreadable head is a finding, not a crash
             problems.append(Problem("modified", key, f"head does not parse ({type(exc).__name__})"))
     for key, head in heads:
         recorded = seq_to_sha.get(head.seq)
@@ -221,3 +249,40 @@ def _verify_chain(
         newest = max(heads, key=lambda h: h[1].seq)[1]
         if prev_seq > newest.seq:
             problems.append(Problem("unsealed", chain, f"batches {newest.seq + 1}..{prev_seq} are beyond the newest head"))
+    return prev_seq, seq_to_sha
+
+
+def _verify_against_checkpoints(
+    checkpoints: CheckpointSet, ends: dict[str, tuple[int, dict[int, tuple[str, str]]]], report: VerifyReport
+) -> None:
+    """Hold every chain against the signed heads of every valid checkpoint (see the module doc)."""
+    problems = report.problems
+    report.anchor = checkpoints.describe()
+    for where, why in checkpoints.invalid:
+        problems.append(Problem("bad_checkpoint", where, why))
+    if not checkpoints.valid:
+        sources = ", ".join(checkpoints.sources + checkpoints.source_errors) or "none readable"
+        problems.append(Problem("no_checkpoint", "checkpoints", f"no valid signed checkpoint in: {sources}"))
+        return
+    pins = checkpoints.pins()
+    for chain, by_seq in sorted(pins.items()):
+        top = max(by_seq)
+        if chain not in ends:
+            problems.append(Problem("missing", chain, f"the whole chain is gone; a signed checkpoint holds it at batch {top}"))
+            continue
+        last, seq_to_sha = ends[chain]
+        for seq, signed in sorted(by_seq.items()):
+            recorded = seq_to_sha.get(seq)
+            if recorded is None:
+                if seq > last:
+                    problems.append(Problem("truncated", chain, f"the log ends at batch {last}; a signed checkpoint holds batch {seq}"))
+                    break  # the later pins of this chain say the same
+                problems.append(Problem("missing", chain, f"batch {seq}, signed in a checkpoint, is gone"))
+            elif recorded not in signed:
+                problems.append(Problem("rewritten", recorded[0], f"manifest of batch {seq} differs from the one a signed checkpoint holds"))
+        if last > top:
+            problems.append(Problem("unanchored", chain, f"batches {top + 1}..{last} are covered by no signed checkpoint (appended without the key?)"))
+    for chain in sorted(set(ends) - set(pins)):
+        last, _ = ends[chain]
+        if last >= 0:
+            problems.append(Problem("unanchored", chain, f"chain with batches 0..{last} appears in no signed checkpoint"))

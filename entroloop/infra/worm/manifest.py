@@ -12,6 +12,8 @@ Object keys (all derived from the batch, so a redelivery maps to the same keys):
     actions/action=A/day=YYYY-MM-DD/<batch>.parquet  action records (entroloop.actions.v1)
     manifests/<batch>.json                           one per batch; sorts by offset within a chain
     heads/<chain>/<seq>.json                         the chain head after batch number <seq>
+    checkpoints/<time>-<writer>-<n>.json             signed checkpoints of the heads (S3 store only,
+                                                     COMPLIANCE-locked; see ``checkpoints``/``anchors``)
 
 ``<batch>`` = ``<topic>-pPPP-<first:012d>-<last:012d>``, ``<chain>`` = ``<topic>-pPPP``.
 
@@ -20,6 +22,10 @@ key (a locked S3 object version can't be overwritten and a local 0444 file is li
 so the head after batch ``seq`` is its own write-once object and the current head is the one with
 the highest ``seq``. This works the same on the local store and on S3 without relying on bucket
 versioning semantics, and older heads remain as evidence of the chain's earlier states.
+
+Heads live in the same folder as the log, so they prove consistency, not authenticity: someone
+who can write the folder can truncate, delete or rewrite a chain and recompute every head. Signed
+checkpoints kept outside the folder (``checkpoints``, ``anchors``) close that gap.
 
 Manifests hold no timestamps: rebuilt from the same batch they are byte-identical, so writing
 one again after a crash is recognised by ``put_once`` as a redelivery.

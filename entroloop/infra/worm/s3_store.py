@@ -9,6 +9,9 @@ Each object is uploaded with
 * ``ObjectLockMode`` + ``ObjectLockRetainUntilDate``: COMPLIANCE for ``retention_days`` in
   production (nobody can delete or overwrite the version, or shorten its retention, until then),
   GOVERNANCE with a short retention in tests;
+* checkpoints (``put_anchor``, objects under ``checkpoints/``) get their own lock mode,
+  COMPLIANCE unless a test asks for GOVERNANCE: a signed checkpoint is the log's anchor, so not
+  even the bucket's root user may delete it or shorten its retention (``checkpoints``);
 * ``ChecksumSHA256``: the server recomputes SHA-256 of what it received and rejects a corrupted
   upload; the same digest is the one the manifests record.
 
@@ -121,9 +124,13 @@ class S3WormStore:
         retention_days: float = 2557,
         retry_seconds: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
+        anchor_lock_mode: str = "COMPLIANCE",
     ) -> None:
         if lock_mode not in ("COMPLIANCE", "GOVERNANCE"):
             raise ValueError("lock_mode must be COMPLIANCE or GOVERNANCE")
+        if anchor_lock_mode not in ("COMPLIANCE", "GOVERNANCE"):
+            raise ValueError("anchor_lock_mode must be COMPLIANCE or GOVERNANCE")
+        self.anchor_lock_mode = anchor_lock_mode
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
@@ -151,9 +158,17 @@ class S3WormStore:
 
     # --- WormStore -------------------------------------------------------------------------------
     def retain_until(self) -> dt.datetime:
-        return dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=self.retention_days)
+        return dt.datetime.now(dt.UTC) + dt.timedelta(days=self.retention_days)
 
     def put_once(self, key: str, data: bytes) -> bool:
+        return self._put_once(key, data, self.lock_mode)
+
+    def put_anchor(self, key: str, data: bytes) -> bool:
+        """``put_once`` with the anchors' lock mode (COMPLIANCE in production): for signed
+        checkpoints, which must outlive anyone who can write the bucket."""
+        return self._put_once(key, data, self.anchor_lock_mode)
+
+    def _put_once(self, key: str, data: bytes, lock_mode: str) -> bool:
         digest = hashlib.sha256(data).digest()
 
         def put() -> bool:
@@ -164,7 +179,7 @@ class S3WormStore:
                     Body=data,
                     IfNoneMatch="*",
                     ChecksumSHA256=base64.b64encode(digest).decode(),
-                    ObjectLockMode=self.lock_mode,
+                    ObjectLockMode=lock_mode,
                     ObjectLockRetainUntilDate=self.retain_until(),
                 )
                 return True

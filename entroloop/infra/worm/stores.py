@@ -33,4 +33,5 @@ def open_worm_store(settings: Settings, create_bucket: bool = False) -> WormStor
         lock_mode=settings.audit_lock_mode,
         retention_days=settings.audit_retention_days,
         retry_seconds=settings.s3_retry_seconds,
+        anchor_lock_mode=settings.audit_checkpoint_lock_mode,
     )
