@@ -12,6 +12,9 @@ group of its own (``<prefix>entroloop-sink-<kind>``), with ``enable.auto.commit=
   contiguous offset range of one partition and its idempotency key (ClickHouse's
   ``insert_deduplication_token``, the audit object keys) names exactly that range.
 * Offsets are committed synchronously, next offset per partition, only after the write returned.
+* A record the target refuses on its own (``ClickHouseSink`` bisects a failed insert and reports
+  each such record with ClickHouse's error) becomes a dead letter (``insert_rejected``) like a
+  poison message, and the rest of its batch is stored: one bad row never stops the partition.
 
 **Why a write journal.** Offset-aligned cuts make a redelivered range reproduce its token only
 when row bounds closed the batch; a batch closed by the clock (``max_seconds``) or by shutdown can
@@ -52,7 +55,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from entroloop.contract.codec import CodecError, dead_letter_fields, decode_many, encode
+from entroloop.contract.codec import (
+    CodecError,
+    EventTimeWindow,
+    dead_letter_fields,
+    decode_many,
+    encode,
+)
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event
 from entroloop.contract.settings import Settings
@@ -235,6 +244,7 @@ class KafkaSinkConsumer:
         })
         self.dead_letter_topic = self.prefix + DeadLetter.topic
         self.stats = SinkStats()
+        self._time_window = EventTimeWindow.from_settings(settings)  # decode refuses events outside it
         self._states: dict[tuple[str, int], _Partition] = {}
         self._dead_letters_unflushed = 0
         self._dead_letter_errors: list[str] = []
@@ -393,7 +403,7 @@ class KafkaSinkConsumer:
         record_type = TOPIC_BY_NAME[state.topic].record_type
         values = [message.value() or b"" for message in messages]
         # one batch decode (the collector paused for it); each item is a record or its CodecError
-        for message, value, record in zip(messages, values, decode_many(values, self.settings.max_record_bytes)):
+        for message, value, record in zip(messages, values, decode_many(values, self.settings.max_record_bytes, self._time_window)):
             if not isinstance(record, CodecError) and not isinstance(record, record_type):
                 record = CodecError(f"a {type(record).__name__} record on topic {state.topic}")
                 record.error_type = "wrong_topic"
@@ -476,10 +486,10 @@ class KafkaSinkConsumer:
         for first, last in state.replay:
             records = [r for o, r in by_offset if first <= o <= last]
             if records:
-                self.target.write(state.topic, state.partition, first, last, records)
+                refused = self._target_write(state, first, last, [(o, r) for o, r in by_offset if first <= o <= last])
                 self.stats.writes += 1
-                self.stats.rows_written += len(records)
-                self.stats.replayed_rows += len(records)
+                self.stats.rows_written += len(records) - refused
+                self.stats.replayed_rows += len(records) - refused
                 _after_durable_write(f"replay {state.topic}[{state.partition}] {first}-{last}")
             self.stats.replayed_ranges += 1
         end = state.replay[-1][1] + 1
@@ -539,14 +549,51 @@ class KafkaSinkConsumer:
             pieces.append((start, last))
         written = 0
         for pf, pl in pieces:
-            records = [r for o, r in pairs if pf <= o <= pl]
+            piece = [(o, r) for o, r in pairs if pf <= o <= pl]
+            records = [r for _, r in piece]
             if records:
-                self.target.write(state.topic, state.partition, pf, pl, records)
+                refused = self._target_write(state, pf, pl, piece)
                 self.stats.writes += 1
-                self.stats.rows_written += len(records)
-                written += len(records)
+                self.stats.rows_written += len(records) - refused
+                written += len(records) - refused
                 _after_durable_write(f"{state.topic}[{state.partition}] {pf}-{pl}")
         return written
+
+    def _target_write(self, state: _Partition, first: int, last: int, pairs: Sequence[tuple[int, Event]]) -> int:
+        """Write one range; records the target refuses on their own are produced as dead letters.
+
+        Returns how many were refused. The dead letters are flushed before any offset past them is
+        committed (``_commit``).
+        """
+        records = [r for _, r in pairs]
+        if not getattr(self.target, "isolates_poison", False):
+            self.target.write(state.topic, state.partition, first, last, records)
+            return 0
+        refused = 0
+
+        def dead_letter(index: int, record: Event, reason: str) -> None:
+            nonlocal refused
+            refused += 1
+            offset = pairs[index][0]
+            err = CodecError(f"ClickHouse refused the record: {reason}")
+            err.error_type = "insert_rejected"
+            value = encode(record)
+            letter = DeadLetter(
+                event_id=derived_event_id(f"{state.topic}/{state.partition}/{offset}", "dead_letter", at=0.0),
+                emitted_at=time.time(),
+                node_id=f"sink-{self.kind}",
+                seq=offset,
+                request_id=record.request_id,
+                source_topic=state.topic,
+                source_partition=state.partition,
+                source_offset=offset,
+                **dead_letter_fields(err, value),
+            )
+            log.warning("%s[%d] offset %d: dead-lettered, %s", state.kafka_topic, state.partition, offset, err.reason[:300])
+            self._produce_dead_letters([letter])
+
+        self.target.write(state.topic, state.partition, first, last, records, on_poison=dead_letter)
+        return refused
 
     def _journal(self, state: _Partition, ranges: list[Range]) -> None:
         """Record ``ranges`` as pending at the partition's committed offset, before writing them."""
@@ -613,12 +660,16 @@ class PrefixedClickHouseTarget:
     second tenant's batch as a "duplicate".
     """
 
+    isolates_poison = True  # on_poison is passed through to ClickHouseSink.insert
+
     def __init__(self, sink: Any, prefix: str) -> None:
         self.sink = sink
         self.prefix = prefix
 
-    def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event]) -> int:
-        return self.sink.insert(topic, [(partition, first_offset, last_offset)], records, token_prefix=self.prefix)
+    def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event],
+              on_poison: Callable[[int, Event, str], None] | None = None) -> int:
+        return self.sink.insert(topic, [(partition, first_offset, last_offset)], records, token_prefix=self.prefix,
+                                on_poison=on_poison)
 
 
 def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkConsumer:
@@ -627,8 +678,11 @@ def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkCon
     from entroloop.infra.clickhouse.client import connect
     from sinks.clickhouse.writer import ClickHouseSink
 
+    from entroloop.infra.quarantine import quarantine_from_settings
+
     client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
-    sink = ClickHouseSink(client, settings.clickhouse_database)
+    # dead letters' raw bytes go to the write-once quarantine beside the audit log, never to the table
+    sink = ClickHouseSink(client, settings.clickhouse_database, quarantine=quarantine_from_settings(settings))
     target = PrefixedClickHouseTarget(sink, settings.topic_prefix) if settings.topic_prefix else sink
     return KafkaSinkConsumer("clickhouse", target, [t.name for t in TOPICS], settings, **options)
 
@@ -637,10 +691,12 @@ def audit_sink_consumer(settings: Settings, create_bucket: bool = False, **optio
     """The audit and actions topics into write-once Parquet files with hash-chained manifests
     (one chain per topic partition, so audit and action records never share a chain)."""
     from entroloop.infra.worm.stores import open_worm_store
+    from sinks.audit.checkpointer import checkpointer_from_settings
     from sinks.audit.parquet_writer import AuditParquetWriter
 
     options.setdefault("max_rows", settings.audit_batch_records)
-    target = AuditParquetWriter(open_worm_store(settings, create_bucket=create_bucket))
+    worm = open_worm_store(settings, create_bucket=create_bucket)
+    target = AuditParquetWriter(worm, checkpointer=checkpointer_from_settings(settings, worm))
     return KafkaSinkConsumer("audit", target, target.topics, settings, **options)
 
 

@@ -6,15 +6,30 @@ fields come first (DESIGN.md, "Event contract"): ``event_id`` (UUIDv7), ``schema
 is countable end to end), ``request_id`` (the Kafka key of every topic) and ``trace_id`` (W3C,
 32 hex digits).
 
-Validation lives in ``__post_init__`` because msgspec runs it on decode too: a record that breaks
-an invariant (NaN entropy, odd-length float16 buffer) never reaches a processor, it becomes a
-dead letter with the reason.
+Validation happens at decode, so a record that is well-formed MessagePack but wrong never reaches
+a processor or a sink (where one bad row used to fail a whole ClickHouse insert on every rerun):
+it becomes a dead letter with the reason. Two layers:
+
+* field constraints (``msgspec.Meta``, checked by the decoder in C, only on decode): event ids are
+  canonical UUIDs (the tables' ``event_id UUID`` column); ``seq``, counts and offsets are
+  non-negative and fit their UInt32/UInt64 columns; ``rating`` is in ``RATING_MIN..RATING_MAX``;
+  timestamps are finite, above 0 and below ``LATEST_EVENT_TIME`` (2100), which rejects NaN, Inf,
+  an unset clock (0) and milliseconds sent as seconds (1e12);
+* ``__post_init__`` (msgspec runs it on decode and on construction) for what one field's type
+  cannot say: NaN entropy, an odd-length float16 buffer. It raises in the producer too, so it
+  holds only checks a correct producer never fails (a span ending before it starts is left alone:
+  clock steps make it happen and it harms no table).
+
+Time relative to *now* (too old for the tables' TTL, e.g. a 1970 clock; too far in the future)
+is a property of the moment of reading, not of the record: ``entroloop.contract.codec.EventTimeWindow``
+checks it. (The types stay free of a wall-clock floor, so processor state and archives holding
+records of any age still decode.)
 """
 
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import msgspec
 import numpy as np
@@ -23,14 +38,39 @@ SCHEMA_VERSION = 1
 
 Scalar = str | int | float | bool | None
 
+# The documented feedback scale: thumbs (-1/0/+1), 1-5 stars and 0-10 scores all fit; the column is
+# Int8, so anything wider (rating=1000) used to fail the insert of the whole batch.
+RATING_MIN = -10
+RATING_MAX = 10
+# Event times (unix seconds) end before 2100-01-01: 1e12 is milliseconds sent as seconds, and
+# ClickHouse's DateTime64 ends in 2299. Too old (a 1970 clock) is the codec's time window's call.
+LATEST_EVENT_TIME = 4_102_444_800.0
+_UINT32_MAX = 2**32 - 1
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1  # msgspec bounds must fit an int64; MessagePack producers stay below it
+
+# Constraints are checked by msgspec while decoding (not on construction, so tests and processors
+# build records freely); each costs one comparison in C.
+# The length is checked by the decoder (C); the 8-4-4-4-12 hex layout by the codec, which checks a
+# whole batch in a few C passes (a msgspec ``pattern`` would run a regex per record: +25% decode).
+EventId = Annotated[str, msgspec.Meta(min_length=36, max_length=36, description="a canonical UUID (UUIDv7)")]
+EventTime = Annotated[float, msgspec.Meta(gt=0.0, le=LATEST_EVENT_TIME)]  # also refuses NaN, -Inf
+# span bounds only need to be finite and fit DateTime64(6) (emitted_at is what windows and TTL use)
+SpanTime = Annotated[float, msgspec.Meta(ge=0.0, le=LATEST_EVENT_TIME)]
+Seq = Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)]
+Count32 = Annotated[int, msgspec.Meta(ge=0, le=_UINT32_MAX)]
+Count64 = Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)]
+Rating = Annotated[int, msgspec.Meta(ge=RATING_MIN, le=RATING_MAX)]
+TokenIndex = Annotated[int, msgspec.Meta(ge=-1, le=_INT32_MAX)]  # -1: not about a token
+
 
 class Event(msgspec.Struct, kw_only=True, tag_field="kind", omit_defaults=False):
     """Fields shared by every record."""
 
-    event_id: str
-    emitted_at: float
+    event_id: EventId
+    emitted_at: EventTime
     node_id: str
-    seq: int
+    seq: Seq
     request_id: str
     trace_id: str = ""
     schema_version: int = SCHEMA_VERSION
@@ -55,8 +95,8 @@ class TokenEntropy(Event, tag="token_entropy"):
     route: str = "default"
     adapter: str = ""
     entropies: bytes = b""
-    chunk_index: int = 0
-    first_token_index: int = 0
+    chunk_index: Count32 = 0
+    first_token_index: Count32 = 0
     final: bool = True
     approximate: bool = False
 
@@ -95,8 +135,8 @@ class Span(Event, tag="span"):
 
     span_id: str
     name: str
-    start_time: float
-    end_time: float
+    start_time: SpanTime
+    end_time: SpanTime
     parent_span_id: str = ""
     model: str = ""
     route: str = "default"
@@ -107,8 +147,8 @@ class Span(Event, tag="span"):
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
+    prompt_tokens: Count32 | None = None
+    output_tokens: Count32 | None = None
     attributes: dict[str, Scalar] = {}
 
     topic: ClassVar[str] = "entroloop.spans.v1"
@@ -134,15 +174,28 @@ class Audit(Event, tag="audit"):
     tokenizer_digest: str = ""
     engine_version: str = ""
     language: str = ""
-    redactions: dict[str, int] = {}
+    redactions: dict[str, Count32] = {}
+    # "ok", or why the answer is incomplete: "upstream_error" (the engine failed mid-answer; the
+    # response holds what had arrived), "client_disconnected" (the client left mid-stream).
+    outcome: str = "ok"
+    # An audit too large for one record (codec max bytes) is published whole as ``part_count``
+    # records sharing one ``audit_id``; each carries the next slice of ``prompt`` and ``response``
+    # (concatenate by ``part_index`` to get them back; ``entroloop audit get`` does).
+    part_index: int = 0
+    part_count: int = 1
 
     topic: ClassVar[str] = "entroloop.audit.v1"
 
 
 class Feedback(Event, tag="feedback"):
-    """A user's verdict on one answer; ``corrected_answer`` is what the answer should have been."""
+    """A user's verdict on one answer; ``corrected_answer`` is what the answer should have been.
 
-    rating: int
+    ``rating`` is on the documented scale ``RATING_MIN..RATING_MAX`` (-10..10): thumbs down/up as
+    -1/+1, stars as 1..5, scores as 0..10; ``ENTROLOOP_BADCASE_NEGATIVE_RATING`` says which values
+    count as negative. A rating outside the scale is rejected at decode (a dead letter).
+    """
+
+    rating: Rating
     user_id: str = ""
     error_type: str = ""
     corrected_answer: str = ""
@@ -193,7 +246,7 @@ class BadCase(Event, tag="bad_case"):
     audit_id: str = ""
     labels: list[str] = []
     diff: list[tuple[str, str, str]] = []
-    minimal_span: tuple[int, int] = (0, 0)
+    minimal_span: tuple[Count32, Count32] = (0, 0)
     confidence: float = 0.0
 
     topic: ClassVar[str] = "entroloop.badcases.v1"
@@ -208,8 +261,8 @@ class Alert(Event, tag="alert"):
     model: str = ""
     route: str = "default"
     subject_node: str = ""
-    token_start: int = -1
-    token_end: int = -1
+    token_start: TokenIndex = -1
+    token_end: TokenIndex = -1
     value: float = 0.0
     threshold: float = 0.0
     baseline: str = ""
@@ -244,7 +297,7 @@ class RetrainRequest(Event, tag="retrain_request"):
     adapter: str = ""
     window_start: float = 0.0
     window_end: float = 0.0
-    bad_case_count: int = 0
+    bad_case_count: Count32 = 0
 
     topic: ClassVar[str] = "entroloop.retrain.v1"
 
@@ -261,15 +314,22 @@ class Health(Event, tag="health"):
 
 
 class DeadLetter(Event, tag="dead_letter"):
-    """Bytes that could not become a record, kept with the reason so nothing is lost silently."""
+    """Bytes that could not become a record, kept with the reason so nothing is lost silently.
+
+    ``payload`` carries (the first bytes of) the raw record between stages only; the stage that
+    stores a dead letter moves them to the write-once quarantine (``entroloop.infra.quarantine``,
+    read by this record's ``event_id``) and keeps just ``payload_sha256`` and ``payload_size``:
+    the raw bytes may hold prompts and answers in clear.
+    """
 
     source_topic: str
-    source_partition: int
-    source_offset: int
+    source_partition: Count32
+    source_offset: Count64
     reason: str
     error_type: str
     payload: bytes = b""
-    payload_size: int = 0
+    payload_size: Count64 = 0
+    payload_sha256: str = ""  # of the whole payload, even when ``payload`` holds only its start
 
     topic: ClassVar[str] = "entroloop.deadletter.v1"
 
@@ -306,6 +366,9 @@ AnyRecord = (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "RATING_MIN",
+    "RATING_MAX",
+    "LATEST_EVENT_TIME",
     "RECORD_TYPES",
     "AnyRecord",
     "Event",

@@ -7,19 +7,28 @@ An event that arrives again at another offset (a publisher's spool replay after 
 delivery timeout) is dropped by ``sinks.recent_ids.RecentEventIds`` before the insert. Behind
 both, every table is a ReplacingMergeTree keyed on ``event_id``, so a copy that slips past them
 (after a sink restart) still ends as one row on merge (exact counts use ``FINAL``).
+
+A batch that ClickHouse refuses because of one record is bisected (``sinks.clickhouse.poison``):
+the good records are inserted under tokens derived from the batch's, and each record refused on
+its own is handed to the caller's ``on_poison`` (which dead-letters it) instead of stopping the sink.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from entroloop.contract.records import Event
 from entroloop.contract.topics import TOPIC_BY_NAME
 from entroloop.infra.clickhouse.schema import migrate
+from entroloop.infra.quarantine import Quarantine, strip_payloads
 from sinks.clickhouse.arrow_rows import Column, build_table
+from sinks.clickhouse.poison import PoisonRecordsError, insert_isolating_poison
 from sinks.recent_ids import RecentEventIds
+
+# on_poison(index, record, reason): ``records[index]`` of an insert was refused on its own
+OnPoison = Callable[[int, Event, str], None]
 
 
 def batch_token(topic: str, ranges: Sequence[tuple[int, int, int]]) -> str:
@@ -51,14 +60,21 @@ def insert_settings(token: str) -> dict[str, object]:
 
 
 class ClickHouseSink:
-    def __init__(self, client: Any, database: str = "entroloop", apply_migrations: bool = True) -> None:
+    # callers may pass ``on_poison`` to write/insert (the Kafka sink consumer looks for this)
+    isolates_poison = True
+
+    def __init__(self, client: Any, database: str = "entroloop", apply_migrations: bool = True,
+                 quarantine: Quarantine | None = None) -> None:
         self.client = client
         self.database = database
+        # dead letters' raw bytes go here, never into dead_letters (analysts can query that table)
+        self.quarantine = quarantine
         if apply_migrations:
             migrate(client, database)
         self._columns: dict[str, list[Column]] = {}
         self.rows_written = 0
         self.inserts = 0
+        self.poison_records = 0  # records refused on their own and handed to on_poison
         self.recent = RecentEventIds()  # event ids are unique across tables: one memory serves all
         # where a sink's time goes (bench, metrics): wall-clock and CPU seconds per stage
         self.stage_seconds = {"arrow": 0.0, "insert": 0.0}
@@ -72,43 +88,63 @@ class ClickHouseSink:
         return self._columns[table]
 
     def insert(self, topic: str, ranges: Sequence[tuple[int, int, int]], records: Sequence[Event],
-               token_prefix: str = "") -> int:
+               token_prefix: str = "", on_poison: OnPoison | None = None) -> int:
         """One idempotent insert of ``records`` read from ``topic`` at ``(partition, first, last)`` ``ranges``.
 
         ``token_prefix`` (the deployment's topic prefix) keeps two tenants sharing a database from
         producing equal tokens. Time spent building Arrow and inserting is added to ``stage_seconds``
         (wall clock) and ``stage_cpu_seconds``.
+
+        If ClickHouse refuses the batch because of some of its records, the batch is bisected: the
+        rest is inserted and ``on_poison(index, record, reason)`` is called for each refused record
+        (``index`` into ``records``; ``reason`` is ClickHouse's error) after the rest is stored.
+        Without ``on_poison`` the refusal is raised as ``PoisonRecordsError`` after the rest is
+        stored. Errors that are not about records (ClickHouse down, disk full) are raised unchanged.
         """
-        records = self.recent.unseen(records)
-        if not records:
+        positions = {id(r): i for i, r in enumerate(records)}
+        fresh = self.recent.unseen(records)
+        if not fresh:
             return 0
         table = TOPIC_BY_NAME[topic].table
+        token = batch_token(token_prefix + topic, ranges)
+        poison = insert_isolating_poison(fresh, token, lambda part, tok: self._insert_part(table, part, tok))
+        if poison:
+            self.poison_records += len(poison)
+            if on_poison is None:
+                raise PoisonRecordsError(table, [(positions[id(p.item)], p.item, p.reason) for p in poison])
+            for p in poison:
+                on_poison(positions[id(p.item)], p.item, p.reason)
+        return len(fresh) - len(poison)
+
+    def _insert_part(self, table: str, records: Sequence[Event], token: str) -> None:
+        """Build and insert one piece of a batch; remember its ids once it is stored."""
         started, started_cpu = time.perf_counter(), time.thread_time()
+        if table == "dead_letters":  # the row keeps reason, size and SHA-256; the bytes are quarantined first
+            records = strip_payloads(list(records), self.quarantine)  # type: ignore[arg-type]
         arrow = build_table(table, self.columns(table), records)
         built, built_cpu, insert_cpu = time.perf_counter(), time.thread_time(), time.process_time()
-        token = batch_token(token_prefix + topic, ranges)
         self.client.insert_arrow(f"{self.database}.{table}", arrow, settings=insert_settings(token))
         self.stage_seconds["arrow"] += built - started
         self.stage_seconds["insert"] += time.perf_counter() - built
         self.stage_cpu_seconds["arrow"] += built_cpu - started_cpu  # this thread: the build is Python
         self.stage_cpu_seconds["insert"] += time.process_time() - insert_cpu  # chDB's threads work too
         self.recent.remember(records)
-        self.inserts += 1
+        self.inserts += 1  # pieces of a bisected batch count one each: they are real inserts
         self.rows_written += len(records)
-        return len(records)
 
-    def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event]) -> int:
+    def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event],
+              on_poison: OnPoison | None = None) -> int:
         """Insert one batch read from ``topic``/``partition`` offsets ``first_offset..last_offset``."""
-        return self.insert(topic, [(partition, first_offset, last_offset)], records)
+        return self.insert(topic, [(partition, first_offset, last_offset)], records, on_poison=on_poison)
 
-    def write_slices(self, topic: str, slices: Sequence[Any]) -> int:
+    def write_slices(self, topic: str, slices: Sequence[Any], on_poison: OnPoison | None = None) -> int:
         """One insert for several partitions' ranges of ``topic`` (``sinks.batching.Slice`` items).
 
         The token names every range, so the same cut redelivered is dropped as a whole.
         """
         slices = [s for s in slices if s.records]
         records = [r for s in slices for r in s.records]
-        return self.insert(topic, [(s.partition, s.first, s.last) for s in slices], records)
+        return self.insert(topic, [(s.partition, s.first, s.last) for s in slices], records, on_poison=on_poison)
 
     def count(self, table: str) -> int:
         """Exact number of distinct events stored in ``table``."""

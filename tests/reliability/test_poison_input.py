@@ -9,10 +9,12 @@ processor waiting for the rest turns it into a dead letter (`incomplete_request`
 
 from __future__ import annotations
 
+import struct
 import time
 from pathlib import Path
 
 import msgspec
+import pytest
 from confluent_kafka import Producer
 
 from entroloop.contract import codec
@@ -47,6 +49,11 @@ def poison_payloads(valid: TokenEntropy) -> dict[str, tuple[bytes, str, str]]:
     bad_utf8 = good.replace(marker, b"\xff\xfe" + marker[2:], 1)
     assert bad_utf8 != good
     oversized = msgspec.structs.replace(valid, entropies=pack_entropies([1.0] * (SIZE_LIMIT // 2 + 10)))
+    wire = msgspec.msgpack.decode(good)  # the wire map with its bytes intact
+
+    def decodable_but_wrong(**changes: object) -> bytes:
+        return msgspec.msgpack.encode({**wire, **changes})
+
     return {
         "truncated bytes": (good[: len(good) // 2], "malformed", ""),
         "wrong schema version": (msgspec.msgpack.encode({**fields, "schema_version": 99}),
@@ -57,6 +64,14 @@ def poison_payloads(valid: TokenEntropy) -> dict[str, tuple[bytes, str, str]]:
                              "malformed", "NaN or Inf"),
         "Inf in entropies": (msgspec.msgpack.encode({**fields, "entropies": pack_entropies([2.0, float("inf")])}),
                              "malformed", "NaN or Inf"),
+        # decodable but wrong (issue 12): each used to reach the ClickHouse insert and fail it
+        "event id that is no UUID": (decodable_but_wrong(event_id="not-a-uuid"), "malformed", "$.event_id"),
+        "seq=-1": (decodable_but_wrong(seq=-1), "malformed", "$.seq"),
+        "chunk_index=-5": (decodable_but_wrong(chunk_index=-5), "malformed", "$.chunk_index"),
+        "emitted_at NaN": (decodable_but_wrong(emitted_at=float("nan")), "malformed", "$.emitted_at"),
+        "emitted_at 1e12": (decodable_but_wrong(emitted_at=1e12), "malformed", "$.emitted_at"),
+        "emitted_at 100 days old": (decodable_but_wrong(emitted_at=time.time() - 100 * 86_400),
+                                    "out_of_time_window", "days old"),
     }
 
 
@@ -125,7 +140,7 @@ def test_poison_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
     assert "never completed" in letters[0].reason
 
     report(Figures(
-        "poison input (6 kinds) between valid traffic",
+        f"poison input ({len(poisons)} kinds) between valid traffic",
         sent=len(sent) + len(poisons),
         stored={"clickhouse": unique, "dead_letters": len(dead)},
         lost=lost,
@@ -134,3 +149,143 @@ def test_poison_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
         + "; unfinished request stored, then a dead letter (incomplete_request) after the TTL",
     ))
     assert lost == 0 and twice == 0
+
+
+# --- the embedded pipeline: one decodable-but-wrong record never stops it (issue 12, finding 4) ------
+DAY_S = 86_400.0
+
+
+def _good_audits(n: int, stamper) -> list:
+    from entroloop.contract.records import Audit
+
+    return [Audit(**stamper.stamp(), request_id=f"req-{i}", audit_id=f"audit-{i}", model="m", prompt=f"question {i}",
+                  response=f"answer {i}") for i in range(n)]
+
+
+def _embedded(tmp_path: Path, chdb_dsn: str, database: str):
+    from entroloop.contract.settings import Settings
+    from entroloop.runner import EmbeddedRunner
+
+    settings = Settings(data_dir=tmp_path / "data", clickhouse_dsn=chdb_dsn, clickhouse_database=database,
+                        audit_store="local", partitions=3, audit_batch_records=100)
+    return EmbeddedRunner(settings, processors=[])
+
+
+def _wire(record, **changes) -> bytes:
+    fields = msgspec.msgpack.decode(codec.encode(record))
+    fields.update(changes)
+    return msgspec.msgpack.encode(fields)
+
+
+EMBEDDED_POISON = {
+    "event id that is no UUID": ({"event_id": "not-a-uuid"}, "malformed", "$.event_id"),
+    "seq=-1": ({"seq": -1}, "malformed", "$.seq"),
+    "emitted_at NaN": ({"emitted_at": float("nan")}, "malformed", "$.emitted_at"),
+    "emitted_at Inf": ({"emitted_at": float("inf")}, "malformed", "$.emitted_at"),
+    "emitted_at 0 (1970)": ({"emitted_at": 0.0}, "malformed", "$.emitted_at"),
+    "emitted_at 1e12": ({"emitted_at": 1e12}, "malformed", "$.emitted_at"),
+    "emitted_at 100 days old": ({"emitted_at": time.time() - 100 * DAY_S}, "out_of_time_window", "days old"),
+    "prompt_tokens=-5 (a span)": ({"prompt_tokens": -5}, "malformed", "$.prompt_tokens"),
+    "rating=1000 (a feedback)": ({"rating": 1000}, "malformed", "$.rating"),
+}
+
+
+def _poison_record(name: str, stamper):
+    from entroloop.contract.records import Feedback, Span
+
+    if "(a span)" in name:
+        at = time.time()
+        return Span(**stamper.stamp(), request_id="req-poison", span_id="s", name="llm_request", start_time=at - 1,
+                    end_time=at)
+    if "(a feedback)" in name:
+        return Feedback(**stamper.stamp(), request_id="req-poison", rating=-1)
+    return _good_audits(1, stamper)[0]
+
+
+def _dead_letters(runner) -> list[tuple]:
+    db = runner.settings.clickhouse_database
+    return runner.clickhouse.client.query(
+        f"SELECT source_topic, error_type, reason FROM {db}.dead_letters FINAL").result_rows
+
+
+def _audit_log_records(runner) -> int:
+    from entroloop.contract.records import Audit
+    from sinks.audit.verify import verify_store
+
+    report = verify_store(runner.audit.store)
+    return report.records_by_topic.get(Audit.topic, 0)
+
+
+@pytest.mark.parametrize("name", list(EMBEDDED_POISON))
+def test_embedded_300_audits_and_one_poison_all_stored_the_poison_dead_lettered(tmp_path, chdb_dsn, ch_database, name):
+    from entroloop.contract.ids import NodeStamper
+
+    stamper = NodeStamper("node-embedded")
+    changes, error_type, phrase = EMBEDDED_POISON[name]
+    good = _good_audits(300, stamper)
+    poison = _poison_record(name, stamper)
+    runner = _embedded(tmp_path, chdb_dsn, ch_database)
+    for record in good[:150]:
+        runner.publish(record)
+    runner.publish_raw(poison.topic, poison.request_id, _wire(poison, **changes))
+    for record in good[150:]:
+        runner.publish(record)
+    runner.drain()
+
+    assert runner.clickhouse.count("audit_index") == 300
+    assert _audit_log_records(runner) == 300
+    dead = _dead_letters(runner)
+    assert [(t, e) for t, e, _ in dead] == [(poison.topic, error_type)], dead
+    assert phrase in dead[0][2], dead[0][2]
+    runner.close()
+
+
+def test_embedded_a_frame_key_that_is_not_utf8_does_not_stop_the_log(tmp_path, chdb_dsn, ch_database):
+    from entroloop.contract.ids import NodeStamper
+    from entroloop.contract.records import Audit
+
+    good = _good_audits(301, NodeStamper("node-key"))
+    runner = _embedded(tmp_path, chdb_dsn, ch_database)
+    for record in good[:300]:
+        runner.publish(record)
+    runner.close()
+    # a foreign writer appends a frame whose key is not UTF-8 (layout: u32 key, id, value lengths)
+    key, event_id, value = b"\xff\xfe-req", good[300].event_id.encode(), codec.encode(good[300])
+    frame = struct.pack("<III", len(key), len(event_id), len(value)) + key + event_id + value
+    with open(next((tmp_path / "data" / "log" / Audit.topic).glob("*.log")), "ab") as fh:
+        fh.write(frame)
+
+    runner = _embedded(tmp_path, chdb_dsn, ch_database)  # used to fail here: UnicodeDecodeError
+    runner.drain()
+    assert runner.clickhouse.count("audit_index") == 301
+    assert _audit_log_records(runner) == 301
+    runner.close()
+
+
+def test_embedded_a_record_clickhouse_refuses_is_bisected_out_and_dead_lettered(tmp_path, chdb_dsn, ch_database):
+    """A record the contract accepts but the table refuses (here: a CHECK constraint) is found by
+    bisecting the insert; the rest of its batch is stored, and a replay stores nothing twice."""
+    from entroloop.contract.ids import NodeStamper
+
+    runner = _embedded(tmp_path, chdb_dsn, ch_database)
+    runner.clickhouse.client.command(
+        f"ALTER TABLE {ch_database}.audit_index ADD CONSTRAINT no_blocked CHECK request_id != 'blocked'")
+    good = _good_audits(300, NodeStamper("node-refused"))
+    blocked = msgspec.structs.replace(_good_audits(1, NodeStamper("node-blocked"))[0], request_id="blocked")
+    for record in good[:200] + [blocked] + good[200:]:
+        runner.publish(record)
+    runner.drain()
+
+    assert runner.clickhouse.count("audit_index") == 300
+    assert _audit_log_records(runner) == 300
+    dead = _dead_letters(runner)
+    assert [(t, e) for t, e, _ in dead] == [(blocked.topic, "insert_rejected")], dead
+    assert "no_blocked" in dead[0][2] and "ClickHouse refused" in dead[0][2], dead[0][2]
+
+    runner.rewind()  # a replay: same batches, same tokens; the bisected halves are not inserted again
+    runner.clickhouse = type(runner.clickhouse)(runner.clickhouse.client, ch_database, apply_migrations=False)
+    runner.drain()
+    raw = runner.clickhouse.client.query(f"SELECT count() FROM {ch_database}.audit_index").result_rows[0][0]
+    assert raw == 300, "a replay inserted good halves again"
+    assert len(_dead_letters(runner)) == 1
+    runner.close()

@@ -50,8 +50,9 @@ def common(request_id: str) -> dict:
 
 record_strategies = [
     st.builds(lambda rid, m, v: TokenEntropy(**common(rid), model=m, entropies=pack_entropies(v)), text, text, nats),
-    st.builds(lambda rid, n, s, e: Span(**common(rid), span_id="b7ad6b7169203331", name=n, start_time=s, end_time=s + e,
-                                        ttft_s=e, attributes={"k": n, "n": 3}), text, text, finite, finite),
+    st.builds(lambda rid, n, s, e: Span(**common(rid), span_id="b7ad6b7169203331", name=n, start_time=1.7e9 + s,
+                                        end_time=1.7e9 + s + e, ttft_s=e, attributes={"k": n, "n": 3}),
+              text, text, finite, finite),
     st.builds(lambda rid, p, r: Audit(**common(rid), audit_id="a", model="m", prompt=p, response=r,
                                       sampling={"temperature": 0.7}, redactions={"email": 1}), text, text, text),
     st.builds(lambda rid, c: Feedback(**common(rid), rating=-1, corrected_answer=c), text, text),
