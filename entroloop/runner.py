@@ -4,26 +4,44 @@ Serving-side code publishes encoded records onto the embedded bus (``entroloop.i
 ``drain`` then consumes every topic partition by partition in offset-aligned batches, exactly as
 the Kafka workers and sinks do: decode (poison bytes become dead letters), run the processors
 subscribed to the record type and publish what they emit, write the batch to ClickHouse (and the
-audit and actions topics to the write-once Parquet log), and only then commit the offsets. Because
-batches are cut at multiples of ``batch_size``, re-reading a log cuts the same batches, so insert
-deduplication tokens and audit object keys repeat and redelivery stores nothing twice.
+audit and actions topics to the write-once Parquet log), and only then commit the offsets.
+
+Crash consistency (SIGKILL at any instruction, then ``entroloop replay``): each drain step first
+makes the log durable (so nothing is stored that the bus could lose), journals where it cuts its
+batches (``BatchCuts``: a re-read cuts the same batches, so insert deduplication tokens and audit
+object keys repeat and neither raw tables nor the per-minute rollups count a record twice), stores
+and processes the batches, makes the derived records durable, and only then saves the offsets.
+``ENTROLOOP_FAULT_KILL_EMBEDDED=POINT:N`` (tests only) SIGKILLs the process the N-th time it
+reaches POINT (see ``CRASH_POINTS``).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from entroloop.contract.codec import CodecError, dead_letter_fields, decode, encode
+from entroloop.contract.codec import (
+    CodecError,
+    EventTimeWindow,
+    dead_letter_fields,
+    decode,
+    encode,
+)
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME, TOPICS, topic_of
-from entroloop.infra.bus import LocalLog, OffsetStore
+from entroloop.infra.bus import BatchCuts, LocalLog, OffsetStore
 from entroloop.infra.clickhouse.client import connect
+from entroloop.infra.private_files import make_private_dir
+from entroloop.infra.quarantine import quarantine_from_settings
 from entroloop.infra.worm.stores import open_worm_store
+from sinks.audit.checkpointer import checkpointer_from_settings
 from sinks.audit.parquet_writer import AuditParquetWriter
 from sinks.clickhouse.writer import ClickHouseSink
 from streams.actions import ActionRunner, client_query
@@ -35,6 +53,41 @@ RUNNER_NODE = "embedded-runner"
 # window plus its grace, so every window closes.
 END_OF_STREAM_SLACK_S = 24 * 3600.0
 
+# The count column of each per-minute rollup: one per record of its raw table.
+ROLLUP_COUNTS = {
+    "entropy_1m": "chunks", "latency_1m": "spans", "similarity_1m": "scores", "anomalies_1m": "alerts",
+    "fallbacks_1m": "fallbacks", "bad_cases_1m": "bad_cases", "requests_1m": "requests", "feedback_1m": "feedback",
+}
+
+FAULT_KILL_ENV = "ENTROLOOP_FAULT_KILL_EMBEDDED"
+# Where the fault hook can kill a drain: after a batch's ClickHouse insert (before its audit
+# write), after a batch was stored and processed (its outputs not yet durable), after a step's
+# outputs were flushed (before its offsets were saved), after the offsets were saved.
+CRASH_POINTS = ("insert", "batch", "flushed", "committed")
+
+
+class CrashPoints:
+    """The test-only fault hook: ``ENTROLOOP_FAULT_KILL_EMBEDDED=POINT:N`` SIGKILLs at POINT's N-th pass.
+
+    Read once, here only; off (and free) when the variable is unset.
+    """
+
+    def __init__(self, value: str | None = None) -> None:
+        value = os.environ.get(FAULT_KILL_ENV, "") if value is None else value
+        point, _, n = value.strip().partition(":")
+        if value.strip() and (point not in CRASH_POINTS or not n.isdigit() or int(n) < 1):
+            raise ValueError(f"{FAULT_KILL_ENV}={value!r}: expected POINT:N with POINT one of {CRASH_POINTS}, N >= 1")
+        self.point, self.after = (point, int(n)) if value.strip() else ("", 0)
+        self.passes = 0
+
+    def reached(self, point: str) -> None:
+        if point != self.point:
+            return
+        self.passes += 1
+        if self.passes >= self.after:
+            print(f"fault: SIGKILL at {point} #{self.passes}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
 
 class EmbeddedRunner:
     def __init__(
@@ -45,16 +98,25 @@ class EmbeddedRunner:
     ) -> None:
         self.settings = settings
         self.data_dir = Path(settings.data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.data_dir)  # prompts, answers and audit text live below: 0700
         self.log = LocalLog(self.data_dir / "log", settings.partitions)
         self.offsets = OffsetStore(self.data_dir / "offsets.json")
         self.processors = list(default_processors(settings) if processors is None else processors)
         self.batch_size = batch_size or settings.audit_batch_records
+        self._time_window = EventTimeWindow.from_settings(settings)  # decode refuses events outside it
+        self.cuts = BatchCuts(self.data_dir / "batch_cuts.json", self.batch_size)
+        self._crash = CrashPoints()
+        # raw bytes of dead letters: write-once, read by id (`entroloop audit quarantine ID`), never a table
+        self.quarantine = quarantine_from_settings(settings)
         self.clickhouse = ClickHouseSink(
             connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value()),
             settings.clickhouse_database,
+            quarantine=self.quarantine,
         )
-        self.audit = AuditParquetWriter(open_worm_store(settings, create_bucket=True))
+        worm = open_worm_store(settings, create_bucket=True)
+        # signed checkpoints of the chain heads (ENTROLOOP_AUDIT_SIGNING_KEY_FILE) go to this runner's
+        # own ClickHouse, among other anchors: a chDB folder belongs to the process that opened it
+        self.audit = AuditParquetWriter(worm, checkpointer=checkpointer_from_settings(settings, worm, self.clickhouse.client))
         if processors is None and Path(settings.actions_runbooks_dir).is_dir():
             # alert actions read recent anomalous requests back from ClickHouse for case bundles
             self.processors.append(ActionRunner.from_settings(settings, query=client_query(self.clickhouse.client)))
@@ -93,15 +155,10 @@ class EmbeddedRunner:
                 self._watermark = self._end_time
                 for out in self._fire_watermark():
                     self.publish(out)
-            progressed = 0
-            for topic in TOPICS:
-                for partition in range(self.settings.partitions):
-                    progressed += self._drain_partition(topic.name, partition, on_batch)
+            progressed = self._drain_step(on_batch)
             if not progressed:
                 break
             total += progressed
-            for out in self._fire_watermark():
-                self.publish(out)
         self.log.flush()
         self.offsets.save()
         return total
@@ -117,19 +174,42 @@ class EmbeddedRunner:
     def _end_time(self) -> float:
         return self._max_event_time + END_OF_STREAM_SLACK_S
 
-    def _drain_partition(self, topic: str, partition: int, on_batch: Callable[[str, int], None] | None) -> int:
-        start = self.offsets.get(topic, partition)
-        end = self.log.end_offset(topic, partition)
+    def _drain_step(self, on_batch: Callable[[str, int], None] | None) -> int:
+        """One pass over every topic partition up to its current end; the number of messages read.
+
+        The order is what makes a SIGKILL anywhere recoverable by a replay: (1) flush the log, so
+        every record stored below is on disk and a replay reads it again; (2) plan the batches and
+        journal their cuts before storing any, so a replay cuts (and dedup-tokens) them alike;
+        (3) store and process them; (4) flush the derived records; (5) only then save the offsets.
+        Records derived in this step are read by the next one. One flush and fsync per step, not
+        per record or batch.
+        """
+        self.log.flush()
+        plan = [
+            (topic.name, partition, start, stop)
+            for topic in TOPICS
+            for partition in range(self.settings.partitions)
+            for start, stop in self.cuts.plan(
+                topic.name, partition, self.offsets.get(topic.name, partition), self.log.end_offset(topic.name, partition)
+            )
+        ]
+        if not plan:
+            return 0
+        self.cuts.save()
         read = 0
-        while start < end:
-            stop = min(end, (start // self.batch_size + 1) * self.batch_size)
+        for topic, partition, start, stop in plan:
             self._process_batch(topic, partition, start, self.log.read(topic, partition, start, stop))
-            self.offsets.commit(topic, partition, stop)  # only after the durable writes above
-            self.offsets.save()
+            self._crash.reached("batch")
+            self.offsets.commit(topic, partition, stop)  # in memory; saved once its outputs are durable
             read += stop - start
             if on_batch:
                 on_batch(topic, stop - start)
-            start = stop
+        for out in self._fire_watermark():
+            self.publish(out)
+        self.log.flush()
+        self._crash.reached("flushed")
+        self.offsets.save()
+        self._crash.reached("committed")
         return read
 
     def _process_batch(self, topic: str, partition: int, first: int, frames: list[tuple[str, bytes]]) -> None:
@@ -137,7 +217,7 @@ class EmbeddedRunner:
         offsets: list[int] = []
         for i, (key, value) in enumerate(frames):
             try:
-                record = decode(value, self.settings.max_record_bytes)
+                record = decode(value, self.settings.max_record_bytes, self._time_window)
             except CodecError as err:
                 self.publish(self._dead_letter(topic, partition, first + i, key, value, err))
                 continue
@@ -152,7 +232,11 @@ class EmbeddedRunner:
             self._max_event_time = max(self._max_event_time, record.emitted_at)
         last = first + len(frames) - 1
         if records:
-            self.clickhouse.write(topic, partition, first, last, records)
+            refused = self._insert(topic, partition, first, last, frames, offsets, records)
+            if refused:  # dead letters now: neither the audit log nor the processors get them
+                offsets = [o for i, o in enumerate(offsets) if i not in refused]
+                records = [r for i, r in enumerate(records) if i not in refused]
+            self._crash.reached("insert")
             if topic in self.audit.topics:
                 self._write_audit_log(topic, partition, first, last, offsets, records)
         by_type: dict[type, list[Event]] = defaultdict(list)
@@ -162,6 +246,26 @@ class EmbeddedRunner:
             for processor in self._routes.get(record_type, ()):
                 for out in processor.process_batch(group):
                     self.publish(out)
+
+    def _insert(self, topic: str, partition: int, first: int, last: int, frames: list[tuple[str, bytes]],
+                offsets: list[int], records: list[Event]) -> set[int]:
+        """Insert a batch into ClickHouse; records it refuses become dead letters (their indexes are returned).
+
+        One record ClickHouse cannot store used to fail the insert on every rerun and stop the
+        pipeline; the sink bisects the batch, stores the rest and reports each refused record here.
+        """
+        refused: set[int] = set()
+
+        def dead_letter(index: int, record: Event, reason: str) -> None:
+            refused.add(index)
+            offset = offsets[index]
+            err = CodecError(f"ClickHouse refused the record: {reason}")
+            err.error_type = "insert_rejected"
+            key, value = frames[offset - first]
+            self.publish(self._dead_letter(topic, partition, offset, key, value, err))
+
+        self.clickhouse.write(topic, partition, first, last, records, on_poison=dead_letter)
+        return refused
 
     def _write_audit_log(
         self, topic: str, partition: int, first: int, last: int, offsets: list[int], records: list[Event]
@@ -183,7 +287,7 @@ class EmbeddedRunner:
     def _dead_letter(self, topic: str, partition: int, offset: int, key: str, value: bytes, err: CodecError) -> DeadLetter:
         self.dead_letter_reasons[err.error_type] += 1
         at = time.time()
-        return DeadLetter(
+        letter = DeadLetter(
             event_id=derived_event_id(f"{topic}/{partition}/{offset}", "dead_letter", at=0.0),
             emitted_at=at,
             node_id=RUNNER_NODE,
@@ -194,6 +298,7 @@ class EmbeddedRunner:
             source_offset=offset,
             **dead_letter_fields(err, value),
         )
+        return self.quarantine.keep(letter, value)  # the whole payload, not just the carried start
 
     def _fire_watermark(self) -> Iterable[Event]:
         for processor in self.processors:
@@ -211,6 +316,17 @@ class EmbeddedRunner:
     def table_rows(self) -> dict[str, int]:
         return {t.table: self.clickhouse.count(t.table) for t in TOPICS}
 
+    def rollup_totals(self) -> dict[str, int]:
+        """Records counted by each per-minute rollup (migration 0002), to compare before and after a replay.
+
+        Raw tables show a record stored twice only without ``FINAL``; a sum-rollup keeps it
+        forever, so a replay must leave these totals exactly as they were.
+        """
+        db, query = self.clickhouse.database, self.clickhouse.client.query
+        return {f"{table}.{column}": int(query(f"SELECT sum({column}) FROM {db}.{table}").result_rows[0][0] or 0)
+                for table, column in ROLLUP_COUNTS.items()}
+
     def close(self) -> None:
+        self.audit.close()  # signs what was sealed since the last checkpoint
         self.log.close()
         self.offsets.save()
