@@ -7,18 +7,69 @@ Secrets are ``SecretStr`` so they never print in logs, reprs or events.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from entroloop.contract.secret_files import (
+    SecretFileError,
+    SecretFileVariablesSource,
+    SecretsDirSource,
+    is_secret_field,
+)
+from entroloop.contract.secret_policy import secret_problems
 
 ENV_PREFIX = "ENTROLOOP_"
+SECRETS_DIR_VARIABLE = ENV_PREFIX + "SECRETS_DIR"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=None, extra="ignore")
+    # env_ignore_empty: an empty variable (docker compose's `${X:-}`) means "not set", so it does not
+    # hide a secret given as a file (ENTROLOOP_<NAME>_FILE, ENTROLOOP_SECRETS_DIR)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=None, extra="ignore", env_ignore_empty=True)
+
+    # --- deployment mode and secrets (contract/secret_files.py, contract/secret_policy.py) -------
+    mode: Literal["demo", "production"] = Field(
+        "demo",
+        description="`demo` (defaults for trying entroloop on one machine) or `production` (strict: the "
+        "secrets a deployment needs must be set, at least 16 characters, e.g. CLICKHOUSE_PASSWORD for a "
+        "ClickHouse server). Known placeholders (`change-me-*`, `changeme`, `password`, `minioadmin`) are "
+        "refused in both modes.",
+    )
+    secrets_dir: Path | None = Field(
+        None,
+        description="Folder of secret files named like the variables (`ENTROLOOP_CLICKHOUSE_PASSWORD`, "
+        "case-insensitive), e.g. `/run/secrets` where docker mounts secrets. Any secret may also come "
+        "from `ENTROLOOP_<NAME>_FILE` (path of a file holding it; trailing newline stripped). Read from "
+        "the environment only.",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments, then variables, then ``*_FILE`` files, then the secrets folder."""
+        folder = os.environ.get(SECRETS_DIR_VARIABLE, "")
+        return (
+            init_settings,
+            env_settings,
+            SecretFileVariablesSource(settings_cls, ENV_PREFIX),
+            SecretsDirSource(settings_cls, Path(folder) if folder else None, SECRETS_DIR_VARIABLE),
+            dotenv_settings,
+        )
 
     # --- embedded mode -------------------------------------------------------------------------
     data_dir: Path = Field(
@@ -37,6 +88,17 @@ class Settings(BaseSettings):
     partitions: int = Field(6, ge=1, description="Partitions per topic (all topics share one count).")
     max_record_bytes: int = Field(
         1 << 20, ge=1024, description="Largest accepted record; bigger ones go to dead letters."
+    )
+    event_max_age_days: float = Field(
+        90.0, gt=0,
+        description="Oldest accepted `emitted_at`, in days before the reader's clock; older events go to "
+        "dead letters (`out_of_time_window`) instead of being dropped silently by the raw tables' 90-day "
+        "TTL. Raise it to backfill or replay older logs.",
+    )
+    event_max_future_s: float = Field(
+        86_400.0, ge=0,
+        description="How far after the reader's clock an `emitted_at` may be (clock skew, windowed results "
+        "stamped at their window's end); later events go to dead letters (`out_of_time_window`).",
     )
 
     # --- ClickHouse ----------------------------------------------------------------------------
@@ -242,7 +304,9 @@ class Settings(BaseSettings):
     )
     pii_hash_key: SecretStr = Field(
         SecretStr(""),
-        description="Key of the keyed hash that pseudonymises user ids and redacted PII. Secret.",
+        description="Key of the keyed hash that pseudonymises user ids and redacted PII; the same on every "
+        "gateway and stream worker so pseudonyms join. Empty: a random key per process, with a warning; the "
+        "gateway refuses to start without it when MODE=production. Secret.",
     )
 
     # --- audit WORM storage (sinks/audit/) -----------------------------------------------------
@@ -267,6 +331,35 @@ class Settings(BaseSettings):
     )
     s3_retry_seconds: float = Field(
         300.0, gt=0, description="How long an audit write keeps retrying an unreachable S3 before failing."
+    )
+
+    # --- audit anchors: signed checkpoints kept outside the log (entroloop/infra/worm/checkpoints.py)
+    audit_signing_key_file: Path | None = Field(
+        None,
+        description="Ed25519 private key (PEM, mode 0600) the audit writer signs checkpoints of its chain "
+        "heads with; must lie outside ENTROLOOP_DATA_DIR (`entroloop audit keygen --out DIR` makes one). "
+        "Unset: no checkpoints, and `audit verify` can check only the log's internal consistency.",
+    )
+    audit_public_key_file: Path | None = Field(
+        None,
+        description="Ed25519 public key (PEM) that `entroloop audit verify` and `audit get` check the signed "
+        "checkpoints with (or `--public-key FILE`).",
+    )
+    audit_checkpoint_every_batches: int = Field(
+        1,
+        ge=1,
+        description="Sign a checkpoint after every N sealed audit batches (and when the writer closes); "
+        "`audit verify` reports batches after the newest checkpoint as unanchored.",
+    )
+    audit_checkpoint_dir: Path | None = Field(
+        None,
+        description="A folder outside ENTROLOOP_DATA_DIR (another mount or machine) where the writer also "
+        "keeps every signed checkpoint as a file; `audit verify` reads it too.",
+    )
+    audit_checkpoint_lock_mode: str = Field(
+        "COMPLIANCE",
+        description="Object Lock mode of the checkpoint objects under `checkpoints/` in the S3 audit store: "
+        "`COMPLIANCE` (production: nobody can delete them) or `GOVERNANCE` (tests).",
     )
 
     # --- vLLM entropy tap (collectors/vllm/) ----------------------------------------------------
@@ -313,6 +406,39 @@ class Settings(BaseSettings):
         20, ge=1, le=20, description="top_logprobs the gateway asks a non-vLLM engine for (approximate entropy)."
     )
     gateway_timeout_s: float = Field(600.0, gt=0, description="Upstream request timeout of the gateway.")
+
+    # --- gateway hardening (issue 12): API keys per tenant, body limit -----------------------------
+    gateway_api_keys: SecretStr = Field(
+        SecretStr(""),
+        description="Gateway API keys, comma-separated `tenant:key` pairs (a tenant may have several keys). "
+        "Clients send `Authorization: Bearer KEY` or `X-API-Key: KEY`; the key's tenant goes into the "
+        "Audit record. Secret: never logged. Prefer GATEWAY_API_KEYS_FILE.",
+    )
+    gateway_api_keys_file: Path | None = Field(
+        None,
+        description="File of gateway API keys: one `tenant:key` per line (`#` comments), or a JSON object "
+        '`{"tenant": "key"}` / `{"tenant": ["key1", "key2"]}`. Merged with GATEWAY_API_KEYS.',
+    )
+    gateway_inference_auth: Literal["auto", "required", "open"] = Field(
+        "auto",
+        description="API keys on completions and other inference paths: `auto` (required when any key is "
+        "configured), `required` or `open`. Admin paths (LoRA load/unload, /admin/, vLLM's dev endpoints) "
+        "always need a key of a GATEWAY_ADMIN_TENANTS tenant and are refused when no key is configured.",
+    )
+    gateway_admin_tenants: str = Field(
+        "admin",
+        description="Comma-separated tenants whose keys may use the gateway's admin paths (e.g. the key the "
+        "action runner sends as ACTIONS_WEBHOOK_TOKEN).",
+    )
+    gateway_upstream_api_key: SecretStr = Field(
+        SecretStr(""),
+        description="Key the gateway sends to the engine (`Authorization: Bearer`, e.g. vLLM's --api-key); "
+        "clients' gateway keys are never forwarded. Secret: never logged.",
+    )
+    gateway_max_body_bytes: int = Field(
+        2 << 20, ge=1024,
+        description="Largest request body the gateway accepts; larger ones get 413 before being read whole.",
+    )
 
     # --- gateway adapter routing (issue 7: canary and promoted LoRA adapters on live traffic) ----
     gateway_adapter_routing: bool = Field(
@@ -410,15 +536,26 @@ class SettingsError(Exception):
 
 
 def load_settings(**overrides: object) -> Settings:
-    """Read settings from the environment; turn validation errors into one readable message."""
+    """Read settings from the environment and secret files; turn validation errors, unreadable
+    secret files and placeholder or missing secrets into one readable message (never the value)."""
     try:
-        return Settings(**overrides)
+        loaded = Settings(**overrides)
+    except SecretFileError as exc:
+        raise SettingsError(f"invalid configuration:\n  {exc}") from None
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
             name = ENV_PREFIX + "_".join(str(p) for p in err["loc"]).upper()
-            lines.append(f"{name}: {err['msg']} (got {err.get('input')!r})")
+            secret = field in Settings.model_fields and is_secret_field(Settings.model_fields[field])
+            shown = "a value, not shown" if secret else repr(err.get("input"))
+            lines.append(f"{name}: {err['msg']} (got {shown})")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+    secret_names = [n for n, f in Settings.model_fields.items() if is_secret_field(f)]
+    problems = secret_problems(loaded, secret_names, ENV_PREFIX)
+    if problems:
+        raise SettingsError("refusing to start with these secrets:\n  " + "\n  ".join(problems))
+    return loaded
 
 
 @lru_cache(maxsize=1)

@@ -8,6 +8,7 @@ No Docker engine is needed: the file is parsed as YAML (``docker compose config`
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -123,7 +124,8 @@ def test_every_entroloop_variable_is_a_setting(services: dict[str, dict[str, Any
     names: set[str] = set(env_example()) | compose_variables(COMPOSE.read_text())
     for service in services.values():
         names |= set(environment(service))
-    ours = {n for n in names if n.startswith(ENV_PREFIX)}
+    # ENTROLOOP_<SECRET>_FILE names a file holding a secret setting (entroloop/contract/secret_files.py)
+    ours = {n.removesuffix("_FILE") if n.endswith("_FILE") else n for n in names if n.startswith(ENV_PREFIX)}
     assert len(ours) > 10
     unknown = sorted(n for n in ours if n[len(ENV_PREFIX):].lower() not in Settings.model_fields)
     assert not unknown, f"not settings (entroloop/contract/settings.py): {unknown}; non-settings must not use the ENTROLOOP_ prefix"
@@ -134,7 +136,7 @@ def test_env_example_defines_every_interpolated_variable(compose: dict[str, Any]
     used = compose_variables(COMPOSE.read_text())
     assert not used - defined, f"used in docker-compose.yml, missing from .env.example: {sorted(used - defined)}"
     required = set(re.findall(r"\$\{([A-Za-z0-9_]+):\?", COMPOSE.read_text()))
-    assert {"CLICKHOUSE_PASSWORD", "MINIO_ROOT_PASSWORD", "GRAFANA_ADMIN_PASSWORD"} <= required
+    assert set(PASSWORDS) <= required, f"passwords without ${{VAR:?}}: {sorted(set(PASSWORDS) - required)}"
 
 
 def test_entroloop_services_reach_the_stack(services: dict[str, dict[str, Any]]) -> None:
@@ -144,7 +146,7 @@ def test_entroloop_services_reach_the_stack(services: dict[str, dict[str, Any]])
         assert env["ENTROLOOP_CLICKHOUSE_DSN"] == "http://clickhouse:8123", name
     audit = environment(services["sink-audit"])
     assert audit["ENTROLOOP_AUDIT_STORE"] == "s3" and audit["ENTROLOOP_S3_ENDPOINT"] == "http://minio:9000"
-    init = " ".join(services["minio-init"]["command"])
+    init = (ROOT / "scripts/compose/minio-init.sh").read_text()
     assert "--with-lock" in init, "the audit bucket needs Object Lock, which only bucket creation can enable"
     assert services["minio-init"]["environment"]["AUDIT_BUCKET"] == audit["ENTROLOOP_S3_BUCKET"]
 
@@ -158,7 +160,7 @@ def test_grafana_provisioning(services: dict[str, dict[str, Any]]) -> None:
     grafana = services["grafana"]
     env = environment(grafana)
     assert "grafana-clickhouse-datasource" in env["GF_INSTALL_PLUGINS"]
-    assert "CLICKHOUSE_PASSWORD" in env, "the datasource provisioning file reads $CLICKHOUSE_PASSWORD"
+    assert "CLICKHOUSE_GRAFANA_PASSWORD" in env, "the datasource provisioning file reads $CLICKHOUSE_GRAFANA_PASSWORD"
     mounts = {}
     for volume in grafana["volumes"]:
         source, target = volume.split(":")[:2]
@@ -206,7 +208,251 @@ def test_docker_compose_config_when_a_client_exists(tmp_path: Path) -> None:
         assert yaml.safe_load(COMPOSE.read_text())["services"]
         return
     env = tmp_path / ".env"
-    env.write_text(ENV_EXAMPLE.read_text())
+    values = {**env_example(), **random_passwords()}  # .env.example leaves the passwords empty on purpose
+    env.write_text("".join(f"{name}={value}\n" for name, value in values.items()))
     result = subprocess.run([docker, "compose", "-f", str(COMPOSE), "--env-file", str(env), "--profile", "training",
                              "--profile", "demo", "config", "--quiet"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+# --- deployment secrets (issue 12, finding 8) ------------------------------------------------------
+# The stack used to accept the `change-me-*` passwords of .env.example, and the audit sink wrote
+# with MinIO's root credentials. The shell scripts of scripts/compose/ run here for real (POSIX sh,
+# with a recording stand-in for `mc`), so what the containers would do is checked, not just grepped.
+
+SCRIPTS = ROOT / "scripts" / "compose"
+PASSWORDS = ("CLICKHOUSE_PASSWORD", "CLICKHOUSE_GRAFANA_PASSWORD", "MINIO_ROOT_PASSWORD", "MINIO_AUDIT_WRITER_PASSWORD",
+             "MINIO_AUDIT_READER_PASSWORD", "GRAFANA_ADMIN_PASSWORD", "ENTROLOOP_PII_HASH_KEY")
+ROOT_CREDENTIALS = ("MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD")
+# the only services that may see MinIO's root credentials
+MINIO_ADMINS = {"minio", "minio-init", "check-secrets"}
+OLD_PLACEHOLDERS = {"CLICKHOUSE_PASSWORD": "change-me-clickhouse", "MINIO_ROOT_PASSWORD": "change-me-minio-at-least-8-chars",
+                    "GRAFANA_ADMIN_PASSWORD": "change-me-grafana", "ENTROLOOP_PII_HASH_KEY": "change-me-pii-hash-key"}
+
+
+def random_passwords() -> dict[str, str]:
+    import secrets
+
+    return {name: secrets.token_urlsafe(24) for name in PASSWORDS}
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """docker compose's interpolation of one value: ${X}, ${X:-default}, ${X:?error}, $$."""
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match.group(1), match.group(2) or "", match.group(3) or ""
+        current = env.get(name, "")
+        if op == ":?" and not current:
+            raise ValueError(f"required variable {name} is missing a value: {arg}")
+        if op == ":-" and not current:
+            return arg
+        return current
+
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:[-?])?([^}]*)\}", one, value).replace("$$", "$")
+
+
+def resolved_environment(service: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
+    return {k: interpolate(v, env) for k, v in environment(service).items()}
+
+
+def references(value: str) -> set[str]:
+    return set(INTERPOLATION.findall(value))
+
+
+def test_env_example_ships_no_usable_password() -> None:
+    example = env_example()
+    for name in PASSWORDS:
+        assert name in example, f".env.example does not list {name}"
+        assert example[name] == "", f".env.example sets {name}: a shipped password is a known password; leave it empty"
+
+
+def test_empty_passwords_stop_compose_before_anything_starts(services: dict[str, dict[str, Any]]) -> None:
+    """`cp .env.example .env && docker compose up` fails at interpolation, naming the variable."""
+    env = env_example()
+    with pytest.raises(ValueError, match="CLICKHOUSE_PASSWORD|MINIO_|GRAFANA_|ENTROLOOP_PII_HASH_KEY"):
+        resolved_environment(services["check-secrets"], env)
+
+
+def run_check_secrets(services: dict[str, dict[str, Any]], values: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    service = services["check-secrets"]
+    assert service["entrypoint"] == ["/bin/sh", "/scripts/check-secrets.sh"]
+    assert "./scripts/compose:/scripts:ro" in service["volumes"]
+    env = {**env_example(), **values}
+    container_env = resolved_environment(service, env)
+    return subprocess.run(["sh", str(SCRIPTS / "check-secrets.sh")], env={"PATH": "/usr/bin:/bin", **container_env},
+                          capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_check_secrets_refuses_the_old_placeholders(services: dict[str, dict[str, Any]]) -> None:
+    values = {**random_passwords(), **OLD_PLACEHOLDERS}
+    result = run_check_secrets(services, values)
+    assert result.returncode != 0
+    for name, value in OLD_PLACEHOLDERS.items():
+        assert f"{name} is a placeholder" in result.stderr
+        assert value not in result.stderr + result.stdout
+    for value in ("changeme", "Password123456789", "minioadmin", "CHANGE_ME_PLEASE_1234"):
+        refused = run_check_secrets(services, {**random_passwords(), "MINIO_ROOT_PASSWORD": value})
+        assert refused.returncode != 0 and "MINIO_ROOT_PASSWORD is a placeholder" in refused.stderr, value
+    short = run_check_secrets(services, {**random_passwords(), "GRAFANA_ADMIN_PASSWORD": "x7Qp2"})
+    assert short.returncode != 0 and "GRAFANA_ADMIN_PASSWORD is shorter than 16" in short.stderr
+    same = run_check_secrets(services, {**random_passwords(), "MINIO_AUDIT_WRITER_USER": "entroloop-root"})
+    assert same.returncode != 0 and "MINIO_AUDIT_WRITER_USER equals MINIO_ROOT_USER" in same.stderr
+
+
+def test_check_secrets_passes_real_passwords(services: dict[str, dict[str, Any]]) -> None:
+    values = random_passwords()
+    result = run_check_secrets(services, values)
+    assert result.returncode == 0, result.stderr
+    assert not any(v in result.stdout + result.stderr for v in values.values())
+
+
+def test_every_password_holder_waits_for_check_secrets(services: dict[str, dict[str, Any]]) -> None:
+    checked = set(environment(services["check-secrets"])["CHECK_SECRETS"].split())
+    assert set(PASSWORDS) <= checked
+    for name in ("kafka", "clickhouse", "minio", "grafana"):
+        rule = (services[name].get("depends_on") or {}).get("check-secrets")
+        assert rule == {"condition": "service_completed_successfully"}, f"{name} starts without the secrets check"
+    assert services["check-secrets"].get("network_mode") == "none"
+
+
+def test_no_root_credentials_reach_entroloop_services(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        if name in MINIO_ADMINS:
+            continue
+        used = set().union(*(references(v) for v in environment(service).values()))
+        leaked = used & set(ROOT_CREDENTIALS)
+        assert not leaked, f"{name} gets MinIO's root credentials {sorted(leaked)}; give it a limited user"
+
+
+def test_audit_sink_writes_with_the_limited_user(services: dict[str, dict[str, Any]]) -> None:
+    env = {**env_example(), **random_passwords()}
+    audit = resolved_environment(services["sink-audit"], env)
+    minio = resolved_environment(services["minio"], env)
+    init = resolved_environment(services["minio-init"], env)
+    assert audit["ENTROLOOP_S3_ACCESS_KEY"] == init["MINIO_AUDIT_WRITER_USER"] == "entroloop-audit-writer"
+    assert audit["ENTROLOOP_S3_SECRET_KEY"] == env["MINIO_AUDIT_WRITER_PASSWORD"]
+    assert audit["ENTROLOOP_S3_ACCESS_KEY"] != minio["MINIO_ROOT_USER"]
+    assert audit["ENTROLOOP_S3_SECRET_KEY"] != minio["MINIO_ROOT_PASSWORD"]
+    assert audit["ENTROLOOP_AUDIT_LOCK_MODE"] == "COMPLIANCE"
+    trainer = resolved_environment(services["trainer"], env)
+    assert trainer["ENTROLOOP_S3_ACCESS_KEY"] == init["MINIO_AUDIT_READER_USER"]
+    assert trainer["ENTROLOOP_S3_SECRET_KEY"] == env["MINIO_AUDIT_READER_PASSWORD"]
+
+
+def test_entroloop_services_run_in_production_mode(services: dict[str, dict[str, Any]],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from entroloop.contract.settings import SettingsError, load_settings
+
+    env = {**env_example(), **random_passwords()}
+    for name, service in entroloop_services(services).items():
+        resolved = resolved_environment(service, env)
+        assert resolved["ENTROLOOP_MODE"] == "production", name
+        # the settings they get load in production mode (nothing missing, no placeholder) ...
+        with monkeypatch.context() as patch:
+            for variable in [v for v in os.environ if v.startswith(ENV_PREFIX)]:
+                patch.delenv(variable)
+            for variable, value in resolved.items():
+                if variable.startswith(ENV_PREFIX):
+                    patch.setenv(variable, value)
+            load_settings()
+            # ... and the old .env.example values would have been refused
+            patch.setenv("ENTROLOOP_CLICKHOUSE_PASSWORD", OLD_PLACEHOLDERS["CLICKHOUSE_PASSWORD"])
+            with pytest.raises(SettingsError, match="ENTROLOOP_CLICKHOUSE_PASSWORD is a placeholder"):
+                load_settings()
+
+
+MC_STUB = """#!/bin/sh
+# stands in for `mc`: records its arguments, keeps a copy of every policy file it is given
+printf '%s\\n' "$*" >> "$MC_LOG"
+if [ "$1 $2 $3" = "admin policy create" ]; then cp "$6" "$MC_POLICIES/$5.json"; fi
+exit 0
+"""
+
+
+def run_minio_init(env: dict[str, str], tmp_path: Path) -> tuple[dict[str, str], list[str], dict[str, Any], str]:
+    """Run scripts/compose/minio-init.sh as the minio-init service would, ``mc`` replaced by a
+    recorder: (the container's environment, mc calls, policies by name, the script's output)."""
+    import json
+
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    service = services["minio-init"]
+    assert service["entrypoint"] == ["/bin/sh", "/scripts/minio-init.sh"]
+    assert "./scripts/compose:/scripts:ro" in service["volumes"]
+    container_env = resolved_environment(service, env)
+    bin_dir, policies = tmp_path / "bin", tmp_path / "policies"
+    bin_dir.mkdir()
+    policies.mkdir()
+    (bin_dir / "mc").write_text(MC_STUB)
+    (bin_dir / "mc").chmod(0o755)
+    log = tmp_path / "mc.log"
+    result = subprocess.run(
+        ["sh", str(SCRIPTS / "minio-init.sh")], capture_output=True, text=True, timeout=30, check=False,
+        env={**container_env, "PATH": f"{bin_dir}:/usr/bin:/bin", "MC_LOG": str(log), "MC_POLICIES": str(policies),
+             "TMPDIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    documents = {f.stem: json.loads(f.read_text()) for f in policies.glob("*.json")}
+    return container_env, log.read_text().splitlines(), documents, result.stdout + result.stderr
+
+
+def test_minio_init_sets_compliance_retention_and_least_privilege(tmp_path: Path) -> None:
+    import json
+
+    env = {**env_example(), **random_passwords()}
+    container_env, calls, policies, output = run_minio_init(env, tmp_path)
+    bucket = container_env["AUDIT_BUCKET"]
+    assert f"mb --ignore-existing --with-lock root/{bucket}" in calls
+    retention = [c for c in calls if c.startswith("retention set")]
+    assert retention == [f"retention set --default compliance {container_env['AUDIT_RETENTION_DAYS']}d root/{bucket}"]
+
+    writer, reader = policies["entroloop-audit-writer"], policies["entroloop-audit-reader"]
+
+    def grants(policy: dict[str, Any]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for statement in policy["Statement"]:
+            assert statement["Effect"] == "Allow"
+            condition = json.dumps(statement.get("Condition", {}), sort_keys=True)
+            for resource in statement["Resource"]:
+                out.setdefault(resource, set()).update(
+                    f"{a} if {condition}" if statement.get("Condition") else a for a in statement["Action"])
+        return out
+
+    bucket_arn, objects_arn = f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"
+    compliance_only = json.dumps({"StringEquals": {"s3:object-lock-mode": ["COMPLIANCE"]}}, sort_keys=True)
+    assert grants(writer) == {
+        bucket_arn: {"s3:ListBucket", "s3:GetBucketObjectLockConfiguration"},
+        # PutObjectRetention: MinIO and S3 demand it for a put carrying an Object Lock mode and date;
+        # COMPLIANCE only, since in MinIO it alone may shorten a GOVERNANCE retention
+        objects_arn: {"s3:PutObject", "s3:GetObject", f"s3:PutObjectRetention if {compliance_only}"},
+    }
+    assert grants(reader) == {bucket_arn: {"s3:ListBucket"}, objects_arn: {"s3:GetObject"}}
+
+    writer_user, reader_user = container_env["MINIO_AUDIT_WRITER_USER"], container_env["MINIO_AUDIT_READER_USER"]
+    assert f"admin policy attach root entroloop-audit-writer --user {writer_user}" in calls
+    assert f"admin policy attach root entroloop-audit-reader --user {reader_user}" in calls
+    assert any(c.startswith(f"admin user add root {writer_user} ") for c in calls)
+    assert writer_user != container_env["MINIO_ROOT_USER"] and reader_user != container_env["MINIO_ROOT_USER"]
+    # the script prints no password (its mc calls are not echoed)
+    assert not any(env[p] in output for p in PASSWORDS)
+
+
+def test_grafana_reads_clickhouse_as_a_read_only_user(services: dict[str, dict[str, Any]]) -> None:
+    import xml.etree.ElementTree as ET
+
+    datasource = yaml.safe_load((ROOT / "dashboards/provisioning/datasources/clickhouse.yaml").read_text())
+    source = datasource["datasources"][0]
+    user = source["jsonData"]["username"]
+    assert user != "default", "Grafana runs editors' raw SQL: it must not query as `default`"
+    password_var = references(source["secureJsonData"]["password"])
+    assert password_var == {"CLICKHOUSE_GRAFANA_PASSWORD"}
+    grafana_env = environment(services["grafana"])
+    assert "CLICKHOUSE_PASSWORD" not in grafana_env, "Grafana must not hold the `default` user's password"
+
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["clickhouse"]["volumes"]}
+    users_file = ROOT / mounts[f"/etc/clickhouse-server/users.d/{user}.xml"]
+    config = ET.parse(users_file).getroot()
+    account = config.find(f"users/{user}")
+    assert account is not None, f"{users_file} does not define user {user}"
+    assert account.find("password").get("from_env") in environment(services["clickhouse"])
+    profile = config.find(f"profiles/{account.findtext('profile')}")
+    assert profile.findtext("readonly") == "1"
+    assert account.findtext("access_management") == "0"
+    assert [q.text for q in account.findall("grants/query")] == ["GRANT SELECT ON entroloop.*"]
