@@ -82,6 +82,8 @@ class FallbackRateMonitor(Processor):
             self.late_events += 1
             return []
         if isinstance(record, Audit):
+            if record.part_index:  # a large audit in parts is one request: count its first part
+                return []
             buckets = self.requests.setdefault((record.model, record.route), {})
             buckets[minute] = buckets.get(minute, 0) + 1
             return []

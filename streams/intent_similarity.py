@@ -256,7 +256,8 @@ class IntentSimilarityScorer(Processor):
         return self.process_batch([record])
 
     def process_batch(self, records: Sequence[Event]) -> list[Event]:
-        audits = [r for r in records if isinstance(r, Audit)]
+        # a large audit in parts is scored once, on its first part: intent shows at the start
+        audits = [r for r in records if isinstance(r, Audit) and not r.part_index]
         out: list[Event] = []
         for i in range(0, len(audits), self.max_batch):
             out.extend(self._score(audits[i : i + self.max_batch]))

@@ -80,6 +80,8 @@ class RetrainTrigger(Processor):
             self.late_events += 1
             return []
         if isinstance(record, Audit):
+            if record.part_index:  # a large audit in parts is one request: count its first part
+                return []
             key = (record.model, record.adapter, start)
             self.requests[key] = self.requests.get(key, 0) + 1
             return []
