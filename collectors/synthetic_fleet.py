@@ -12,6 +12,7 @@ above 4.5 nats. Lengths are long-tailed (log-normal). Prompts are Chinese and En
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -91,13 +92,27 @@ class FleetRequest:
     labels: Labels
 
 
+# The fleet's traffic used to start on a fixed day (2026-11-30 00:53:20 UTC). Readers refuse events
+# older than ENTROLOOP_EVENT_MAX_AGE_DAYS (the raw tables' TTL would drop them silently), so a fixed
+# day would turn every fleet record into a dead letter 90 days later. The default start is that
+# time of day (00:53:20 UTC), two days ago: recent, in the past, the same for every fleet made on one UTC day
+# (processes that regenerate a seeded fleet agree), and aligned to minutes as before.
+_TIME_OF_DAY_S = 1_796_000_000 % 86_400
+
+
+def default_start_time(now: float | None = None) -> float:
+    """Where a fleet's clock starts unless told: today's date (UTC) minus two days, at 00:53:20."""
+    today = int((time.time() if now is None else now) // 86_400) * 86_400
+    return float(today - 2 * 86_400 + _TIME_OF_DAY_S)
+
+
 class SyntheticFleet:
     def __init__(self, seed: int = 7, config: FleetConfig | None = None, start_time: float | None = None) -> None:
         self.config = config or FleetConfig()
         self.rng = np.random.default_rng(seed)
         self.nodes = [NodeStamper(f"node-{i}") for i in range(self.config.nodes)]
         self.gateway = NodeStamper("gateway-0")
-        self.clock = start_time if start_time is not None else 1_796_000_000.0  # a fixed day, 2026-11
+        self.clock = start_time if start_time is not None else default_start_time()
         # each model has its own normal entropy level: adaptive baselines must learn it
         self.model_level = {m: 2.75 + 0.15 * i for i, m in enumerate(self.config.models)}
 
