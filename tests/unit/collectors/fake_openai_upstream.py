@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-import socket
-import threading
-import time
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.unit.collectors.served_app import ServedApp
 
 # Per generated token: the engine's top logprobs (as many as asked, up to these).
 TOKENS = ["Hello", " there"]
@@ -62,26 +60,15 @@ class FakeUpstream:
                 Route("/v1/completions", self.completions, methods=["POST"]),
             ]
         )
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        sock.close()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self._served = ServedApp(app, "fake upstream")
+        self.port, self.url = self._served.port, self._served.url
 
     def __enter__(self) -> FakeUpstream:
-        self.thread.start()
-        deadline = time.time() + 10
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("fake upstream did not start")
-            time.sleep(0.02)
+        self._served.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self._served.__exit__(*exc)
 
     async def version(self, request: Request) -> Response:
         if self.vllm:

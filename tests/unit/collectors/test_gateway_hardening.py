@@ -20,11 +20,9 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Self
 
 import httpx
 import pytest
-import uvicorn
 from pydantic import SecretStr
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
@@ -39,6 +37,7 @@ from entroloop.infra.pii import PiiRedactor
 from entroloop.infra.worm.worm_store import LocalWormStore
 from sinks.audit.parquet_writer import AuditParquetWriter
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
+from tests.unit.collectors.served_app import ServedApp
 
 ACME_KEY = "acme-0123456789abcdef-key"
 OPS_KEY = "ops-fedcba9876543210-key"
@@ -163,35 +162,11 @@ def test_bodies_over_the_limit_get_413_declared_or_streamed() -> None:
     assert small.status_code == 200 and recorder.paths() == ["/v1/chat/completions"]
 
 
-class _Server:
-    """An ASGI app served by a real uvicorn on a free loopback port, in a thread."""
-
-    def __init__(self, app: object) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Self:
-        self.thread.start()
-        deadline = time.time() + 10
-        while not self.server.started:
-            assert time.time() < deadline, "gateway did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 def test_ten_megabyte_bodies_are_refused_and_small_requests_are_not_stalled() -> None:
     published: list = []
     with FakeUpstream(vllm=True) as upstream:
         config = GatewayConfig(upstream=upstream.url, engine="vllm", node_id="gw-big")
-        with _Server(create_app(config, published.append, PiiRedactor(b"k"))) as gateway:
+        with ServedApp(create_app(config, published.append, PiiRedactor(b"k")), "gateway") as gateway:
             big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "z" * (10 << 20)}]}).encode()
 
             def send_big(_: int) -> int:
@@ -361,7 +336,7 @@ def test_a_client_leaving_mid_stream_still_yields_an_audit() -> None:
     published: list = []
     config = GatewayConfig(upstream=f"http://127.0.0.1:{sock.getsockname()[1]}", engine="vllm", node_id="gw-left")
     try:
-        with _Server(create_app(config, published.append, PiiRedactor(b"k"))) as gateway:
+        with ServedApp(create_app(config, published.append, PiiRedactor(b"k")), "gateway") as gateway:
             with httpx.Client(timeout=10) as client, client.stream(
                     "POST", f"{gateway.url}/v1/chat/completions", json={**CHAT, "stream": True}) as answer:
                 next(answer.iter_raw())  # the first event, then the client goes away
