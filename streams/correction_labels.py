@@ -247,7 +247,10 @@ def label_correction(
     if corr_is_json and (not resp_is_json or _shape(resp_json) != _shape(corr_json)):
         labels.add(JSON_SCHEMA)
 
-    q_resp, q_corr = quantities_in(response), quantities_in(correction)
+    # A number inside a compliance phrase (100%赔付, "100% guaranteed") is part of the claim, which
+    # the compliance label covers, not a value the user corrected.
+    q_resp = _outside(quantities_in(response), lexicon.find(response))
+    q_corr = _outside(quantities_in(correction), lexicon.find(correction))
     if restructured:
         # Keys and layout are new; judge only whether the JSON's values are in the text.
         values_resp = Counter(q.value for q in q_resp)
@@ -278,6 +281,10 @@ def label_correction(
     if labels & {NUMBER}:
         labels.add(FACT)
     return [label for label in LABELS if label in labels]
+
+
+def _outside(quantities: list[Quantity], spans: list[tuple[int, int, str]]) -> list[Quantity]:
+    return [q for q in quantities if not any(s < q.end and q.start < e for s, e, _ in spans)]
 
 
 def _unitless(tokens: Counter[str]) -> Counter[str]:
