@@ -323,9 +323,9 @@ class BadCaseJoiner(Processor):
 
 
 __all__ = [
+    "REGRESSION_LABEL",
     "BadCaseJoiner",
     "JoinEntry",
-    "REGRESSION_LABEL",
     "bad_case_confidence",
     "decode_entry",
     "encode_entry",

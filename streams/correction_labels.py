@@ -162,7 +162,7 @@ def content_tokens(text: str) -> Counter[str]:
     characters, punctuation and spacing dropped. Equal counters: the change was form only."""
     text = unicodedata.normalize("NFKC", text)
     out: Counter[str] = Counter()
-    spans: list[tuple[int, int, str]] = [(s, e, "date:%d-%d-%d" % ymd) for s, e, ymd in date_spans(text)]
+    spans: list[tuple[int, int, str]] = [(s, e, "date:{}-{}-{}".format(*ymd)) for s, e, ymd in date_spans(text)]
     spans += [(q.start, q.end, f"q:{q.value}:{q.unit}") for q in quantities_in(text)]
     pieces = []
     cursor = 0
@@ -241,9 +241,9 @@ def label_correction(
     corr_is_json, corr_json = _json_value(correction)
     restructured = corr_is_json and not resp_is_json  # free text turned into JSON
 
-    if schema is not None:
-        if json_schema_violations(response, schema) and not json_schema_violations(correction, schema):
-            labels.add(JSON_SCHEMA)
+    if (schema is not None and json_schema_violations(response, schema)
+            and not json_schema_violations(correction, schema)):
+        labels.add(JSON_SCHEMA)
     if corr_is_json and (not resp_is_json or _shape(resp_json) != _shape(corr_json)):
         labels.add(JSON_SCHEMA)
 

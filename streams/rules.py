@@ -78,7 +78,7 @@ DEFAULT_COMPLIANCE_PATTERNS: tuple[str, ...] = (
 _NEGATION_ZH = re.compile(
     r"(?:不|非|无|没有|未|并非|并不|不会|不能|无法|不可能|不承诺|切勿|禁止|勿)(?:一定|会|能|可以|可|承诺|作|做|是)?\s*$"
 )
-_NEGATION_EN = re.compile(r"\b(?:not|no|never|cannot|can't|isn't|aren't|without|nor)\s+(?:\w+\s+){0,1}$", re.I)
+_NEGATION_EN = re.compile(r"\b(?:not|no|never|cannot|can't|isn't|aren't|without|nor)\s+(?:\w+\s+){0,1}$", re.IGNORECASE)
 
 
 class Token(msgspec.Struct, frozen=True, array_like=True):
@@ -142,10 +142,10 @@ _MONTH_NAME = r"(?P<mname>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) +
 _DATE_PATTERNS = (
     re.compile(r"(?<!\d)(?P<y>\d{4})[-/.](?P<m>\d{1,2})[-/.](?P<d>\d{1,2})(?!\d)"),
     re.compile(r"(?P<y>\d{4})\s*年\s*(?P<m>\d{1,2})\s*月\s*(?P<d>\d{1,2})\s*[日号]"),
-    re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?,?\s+(?P<y>\d{{4}})\b", re.I),
-    re.compile(rf"\b(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH_NAME}\s+(?P<y>\d{{4}})\b", re.I),
+    re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?,?\s+(?P<y>\d{{4}})\b", re.IGNORECASE),
+    re.compile(rf"\b(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH_NAME}\s+(?P<y>\d{{4}})\b", re.IGNORECASE),
     re.compile(r"(?<![\d年])(?P<m>\d{1,2})\s*月\s*(?P<d>\d{1,2})\s*[日号]"),
-    re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\b(?!\s*[,:]?\s*\d{{4}})", re.I),
+    re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\b(?!\s*[,:]?\s*\d{{4}})", re.IGNORECASE),
 )
 
 
@@ -371,35 +371,36 @@ class ResponseRules:
         """Labels explaining what the correction changed, in ``LABELS`` order; [] if none applies.
 
         The vocabulary and its rules live in ``streams.correction_labels``."""
-        from streams.correction_labels import label_correction  # it builds on this module
+        # Imported here: correction_labels builds on this module.
+        from streams.correction_labels import label_correction
 
         return label_correction(response, correction, self.lexicon, self.json_schemas.get(route))
 
 
 __all__ = [
-    "LABELS",
-    "RULES",
-    "NUMBER",
-    "FACT",
     "AMOUNT_FORMAT",
-    "UNIT",
-    "DATE",
-    "JSON_SCHEMA",
     "COMPLIANCE",
-    "OTHER",
+    "DATE",
     "DEFAULT_COMPLIANCE_LEXICON",
     "DEFAULT_COMPLIANCE_PATTERNS",
-    "date_spans",
+    "FACT",
+    "JSON_SCHEMA",
+    "LABELS",
+    "NUMBER",
+    "OTHER",
+    "RULES",
+    "UNIT",
+    "ComplianceLexicon",
+    "ResponseRules",
     "Token",
-    "tokenize",
-    "numbers",
-    "quantities",
-    "yuan_amounts",
+    "Violation",
     "bad_yuan_amounts",
+    "date_spans",
     "dates",
     "invalid_dates",
-    "ComplianceLexicon",
     "json_schema_violations",
-    "Violation",
-    "ResponseRules",
+    "numbers",
+    "quantities",
+    "tokenize",
+    "yuan_amounts",
 ]

@@ -202,7 +202,7 @@ class Settings(BaseSettings):
     compliance_patterns: list[str] = Field(
         [],
         description="Extra compliance paraphrase patterns (JSON list of case-insensitive regular "
-        "expressions, e.g. `\"包(?:赚|赔)\"`), added to the built-in ones; a match right after a negation "
+        "expressions, e.g. `\"躺着(?:就能)?赚\"`), added to the built-in ones; a match right after a negation "
         "(不, 并非, not, never) is skipped. Used by the per-response rules and the bad-case joiner.",
     )
     rule_count_period_s: float = Field(

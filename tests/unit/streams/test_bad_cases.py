@@ -195,3 +195,19 @@ def test_unit_and_currency_corrections_labelled() -> None:
     joiner.process(audit("c1", response="手续费为12元。"))
     (money,) = joiner.process(feedback("c1", corrected="手续费为12.00元。", rating=1))
     assert money.labels[0] == "amount_format"
+
+
+def test_from_settings_uses_the_deployments_compliance_terms_and_patterns() -> None:
+    """The joiner and the per-response checker read the same lexicon and patterns from settings."""
+    from entroloop.contract.settings import Settings
+    from streams.response_rules import ResponseRuleChecker
+
+    settings = Settings(compliance_lexicon=["包过"], compliance_patterns=[r"躺着(?:就能)?赚"])
+    joiner = BadCaseJoiner.from_settings(settings)
+    joiner.process(audit("cfg", response="考试包过，躺着就能赚"))
+    (case,) = joiner.process(feedback("cfg", corrected="考试需要认真准备"))
+    assert "compliance" in case.labels
+    assert BadCaseJoiner().rules.compare("考试包过", "考试需要认真准备") == ["fact"]  # not a default term
+    checker = ResponseRuleChecker.from_settings(settings)
+    (alert,) = checker.process(audit("cfg2", response="考试包过，躺着就能赚"))
+    assert alert.value == 2.0
