@@ -51,7 +51,7 @@ DEFAULT_COMPLIANCE_LEXICON: tuple[str, ...] = (
     "保本保息",
     "内幕消息",
     "guaranteed return",
-    "risk-free",
+    # "risk-free" is a pattern below, so that "risk-free rate" (a finance term) does not match.
     "no risk",
     "insider information",
 )
@@ -62,13 +62,14 @@ DEFAULT_COMPLIANCE_LEXICON: tuple[str, ...] = (
 DEFAULT_COMPLIANCE_PATTERNS: tuple[str, ...] = (
     r"稳赚|稳赢|包赚|必赚|躺赚|只赚不赔|稳涨|必涨",
     r"保证(?:能)?(?:收益|回报|盈利|赚钱|理赔|赔付|获赔|本金|保本|通过|放款|中签|上涨|翻倍|获批)",
-    r"保本(?:保息)?|零风险|无风险|没有(?:任何)?风险|毫无风险",
+    # 无风险利率 / "risk-free rate" are finance terms, not promises.
+    r"保本(?:保息)?|零风险|无风险(?!利率|收益率|资产)|没有(?:任何)?风险|毫无风险",
     r"(?:百分之?百|100%)(?:能)?(?:赔付|理赔|获赔|收益|回本|保本|通过|获批|赚|安全)",
     r"(?:一定|肯定|绝对)(?:能|会|可以)?(?:赚|盈利|理赔|赔付|获赔|涨|回本|通过|获批|安全|不亏)",
     r"内幕(?:消息|信息)",
     r"guarantee[ds]?\s+(?:\w+\s+){0,2}?(?:returns?|profits?|income|payouts?|approval|claims?|gains?|yields?)",
     r"guaranteed\s+to\s+(?:double|profit|pay|win|rise|go up|be approved)",
-    r"risk[- ]free|no risk|zero risk|without (?:any )?risk",
+    r"risk[- ]free(?! (?:rate|asset|interest))|zero risk|without (?:any )?risk",
     r"can(?:not|'t|’t) lose|never lose (?:money)?",
     r"(?:will|is going to) (?:definitely|surely|certainly) (?:rise|go up|pay(?: out)?|profit|double|be approved)",
     r"sure[- ](?:fire|thing|win|bet)|double your money",
@@ -186,13 +187,6 @@ def _without_dates(text: str) -> str:
 def numbers(text: str) -> list[str]:
     """Every number in ``text`` outside dates, normalised, in order."""
     return [_norm_number(m.group(1)) for m in _NUMBER_RE.finditer(_without_dates(text))]
-
-
-def _plain_number_texts(text: str) -> list[str]:
-    """Numbers outside dates and yuan amounts as written (separators dropped): 1234.00 -> 1234 is
-    a numbers error (precision lost), while a yuan amount's decimals are the currency rule's job."""
-    text = _YUAN_RE.sub(lambda m: " " * len(m.group()), _without_dates(text))
-    return [m.group(1).replace(",", "").replace("，", "") for m in _NUMBER_RE.finditer(text)]
 
 
 def quantities(text: str) -> list[tuple[str, str]]:

@@ -90,6 +90,7 @@ def test_compliance_lexicon_aho_corasick_offsets_case_insensitive() -> None:
         ("本产品不保证收益，也并非无风险", []),  # negated: the compliant wording
         ("Returns are not guaranteed and the fund is not risk-free.", []),
         ("稳赚不赔", ["稳赚不赔"]),  # lexicon term and pattern overlap: counted once
+        ("无风险利率为2%，the risk-free rate is 2%", []),  # finance terms, not promises
     ],
 )
 def test_compliance_paraphrase_patterns_and_negation(text: str, found: list[str]) -> None:
