@@ -99,10 +99,11 @@ def minimal_failing_span(response: str, correction: str) -> tuple[tuple[int, int
     # Widening stays inside the common prefix/suffix, so the identity above still holds.
     chunks = example_chunks(response)
     if start == end and response != correction:  # an insertion: the chunk it touches (before, else after)
-        before = [c for c in chunks if c[0] < start <= c[1]]
-        after = [c for c in chunks if c[0] == start]
-        if before or after:
-            start, end = (before or after)[0]
+        touching = [c for c in chunks if c[0] < start <= c[1]] or [c for c in chunks if c[0] == start]
+        # inside spacing: the nearest chunk on the left, else on the right
+        nearest = [c for c in chunks if c[1] < start][-1:] or [c for c in chunks if c[0] > start][:1]
+        if touching or nearest:
+            start, end = (touching or nearest)[0]
     for c_start, c_end in chunks:
         if c_start < end and start < c_end:  # overlaps the changed span
             start, end = min(start, c_start), max(end, c_end)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import msgspec
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
@@ -145,6 +145,16 @@ def test_minimal_span_replacement_always_yields_the_correction(response: str, co
     (start, end), replacement = minimal_failing_span(response, correction)
     assert 0 <= start <= end <= len(response)
     assert response[:start] + replacement + response[end:] == correction
+
+
+@given(st.text(alphabet="ab 5.元g千克北京,", max_size=12), st.text(alphabet="ab 5.元g千克北京,", max_size=12))
+@example("a  b", "a x b")  # an insertion inside spacing: blame the nearest chunk
+@hsettings(max_examples=300, deadline=None)
+def test_minimal_span_is_empty_only_when_nothing_can_be_blamed(response: str, correction: str) -> None:
+    (start, end), replacement = minimal_failing_span(response, correction)
+    assert response[:start] + replacement + response[end:] == correction
+    if response != correction and response.strip():
+        assert start < end, (response, correction)
 
 
 def test_labels_confidence_and_regression_flag() -> None:
