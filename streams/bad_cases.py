@@ -103,7 +103,8 @@ def minimal_failing_span(response: str, correction: str) -> tuple[tuple[int, int
         # inside spacing: the nearest chunk on the left, else on the right
         nearest = [c for c in chunks if c[1] < start][-1:] or [c for c in chunks if c[0] > start][:1]
         if touching or nearest:
-            start, end = (touching or nearest)[0]
+            c_start, c_end = (touching or nearest)[0]
+            start, end = min(start, c_start), max(end, c_end)  # a superset: the identity holds
     for c_start, c_end in chunks:
         if c_start < end and start < c_end:  # overlaps the changed span
             start, end = min(start, c_start), max(end, c_end)
