@@ -11,7 +11,7 @@ Every subcommand shares one shape (helpers below, so a new one stays a single fu
 - with ``--predictions OUT.jsonl`` writes one line per input line, same order, carrying the input's
   ``id`` when it has one.
 
-Subcommands: ``pii``, ``corrections`` (this file). ``entropy``, ``corrections`` and ``intent`` follow the same shape.
+Subcommands: ``pii`` (this file). ``entropy``, ``corrections`` and ``intent`` follow the same shape.
 """
 
 from __future__ import annotations
