@@ -190,9 +190,9 @@ class SyntheticFleet:
             response = other[2].format(**params)
         elif "{amount" in answer_t and rng.random() < cfg.format_error_rate * 2.5:
             # zh: the amount keeps 元 but loses its two decimals (the brief's currency format);
-            # en: the amount is rounded to a whole number (a numbers error)
+            # en: the amount is rounded to a whole number (a number error: the value changed)
             labels.format_error = True
-            labels.error_label = "currency_format" if language == "zh" else "numbers"
+            labels.error_label = "amount_format" if language == "zh" else "number"
             wrong_amount = f"{params['amount']:.1f}" if language == "zh" else f"{round(params['amount'])}"
             response = correct.replace(f"{params['amount']:.2f}", wrong_amount)
 

@@ -123,7 +123,7 @@ def audits_and_bad_cases(n: int) -> list[Event]:
                     response=a.response,
                     correction="x",
                     adapter=a.adapter,
-                    labels=["numbers", "dates"][a.seq % 2 :][:1],
+                    labels=["number", "date"][a.seq % 2 :][:1],
                     confidence=0.9,
                 )
             )

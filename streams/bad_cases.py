@@ -14,6 +14,7 @@ arrival order produced it, and a redelivered feedback never becomes a second bad
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import MutableMapping, Sequence
 from typing import ClassVar
 
@@ -23,8 +24,11 @@ from entroloop.contract.records import Audit, BadCase, Event, Feedback
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor, redactor_for_service
 from streams.base import Processor, derive
-from streams.rules import OTHER, ResponseRules, Token, tokenize
+from streams.correction_labels import quantities_in
+from streams.rules import _CJK, FACT, OTHER, ResponseRules, Token, date_spans, tokenize
 from streams.table_state import TableStateSpec
+
+_CJK_CHAR = re.compile(f"[{_CJK}]")
 
 # Label added to bad cases confident enough for the regression suite the training gate replays.
 REGRESSION_LABEL = "regression"
@@ -75,8 +79,11 @@ def minimal_failing_span(response: str, correction: str) -> tuple[tuple[int, int
 
     Returns the span (character offsets into the response) and its replacement, so
     ``response[:start] + replacement + response[end:] == correction`` always holds. It strips the
-    longest common prefix and suffix, then widens to whole tokens so a label never points at
-    half a number (changing 12.5 to 12.8 blames ``12.5``, not ``5``).
+    longest common prefix and suffix, then widens to whole chunks (``example_chunks``: a number
+    with its unit, a date, a word, a run of CJK characters), so a label never points at half a
+    token: 12.5 -> 12.8 blames ``12.5``, 500g -> 500mg blames ``500g``. A pure insertion touches
+    the chunk at its point, so the span is empty only when nothing changed (500.5元 -> 500.50元
+    blames ``500.5元``).
     """
     limit = min(len(response), len(correction))
     prefix = 0
@@ -90,13 +97,53 @@ def minimal_failing_span(response: str, correction: str) -> tuple[tuple[int, int
         suffix += 1
     start, end = prefix, len(response) - suffix
     # Widening stays inside the common prefix/suffix, so the identity above still holds.
-    for token in tokenize(response):
-        if token.start < start < token.end:
-            start = token.start
-        if token.start < end < token.end:
-            end = token.end
+    chunks = example_chunks(response)
+    if start == end and response != correction:  # an insertion: the chunk it touches (before, else after)
+        touching = [c for c in chunks if c[0] < start <= c[1]] or [c for c in chunks if c[0] == start]
+        # inside spacing: the nearest chunk on the left, else on the right
+        nearest = [c for c in chunks if c[1] < start][-1:] or [c for c in chunks if c[0] > start][:1]
+        if touching or nearest:
+            c_start, c_end = (touching or nearest)[0]
+            start, end = min(start, c_start), max(end, c_end)  # a superset: the identity holds
+    for c_start, c_end in chunks:
+        if c_start < end and start < c_end:  # overlaps the changed span
+            start, end = min(start, c_start), max(end, c_end)
     replacement = correction[start : len(correction) - (len(response) - end)]
     return (start, end), replacement
+
+
+def example_chunks(text: str) -> list[tuple[int, int]]:
+    """The units a failing example is made of, as (start, end): dates and numbers with their
+    multiplier and unit or currency whole, then words and runs of adjacent CJK characters;
+    other symbols one by one."""
+    taken: list[tuple[int, int]] = []
+    for start, end, _ in date_spans(text):
+        taken.append((start, end))
+    for q in quantities_in(text):
+        if not any(s < q.end and q.start < e for s, e in taken):
+            taken.append((q.start, q.end))
+    chunks = list(taken)
+    run: tuple[int, int] | None = None
+    for token in tokenize(text):
+        if any(s <= token.start < e for s, e in taken):
+            continue
+        if _is_cjk(token.text) and run is not None and run[1] == token.start:
+            run = (run[0], token.end)
+            continue
+        if run is not None:
+            chunks.append(run)
+            run = None
+        if _is_cjk(token.text):
+            run = (token.start, token.end)
+        else:
+            chunks.append((token.start, token.end))
+    if run is not None:
+        chunks.append(run)
+    return sorted(chunks)
+
+
+def _is_cjk(text: str) -> bool:
+    return len(text) == 1 and bool(_CJK_CHAR.match(text))
 
 
 # --- confidence ------------------------------------------------------------------------------
@@ -111,13 +158,14 @@ def bad_case_confidence(
 ) -> float:
     """How sure we are the answer was wrong in the way the labels say (0..1).
 
-    Evidence, added up from a base of 0.1: a rule explains the change (0.3); the correction is
+    Evidence, added up from a base of 0.1: a rule other than ``fact`` explains the change (0.3); the correction is
     focused, replacing at most a third of the answer (0.2: a rewrite says more about taste than
     about an error, and makes rule hits likely incidental); the user rated it badly (0.2); the
     user declared an error type (0.1), and it names one of the rule labels (0.1 more).
     """
     score = 0.1
-    if rule_labels:
+    # ``fact`` alone says only that the meaning changed (any rewrite does): not a rule's explanation.
+    if set(rule_labels) - {FACT}:
         score += 0.3
     if response and (span[1] - span[0]) <= len(response) / 3:
         score += 0.2
@@ -175,7 +223,8 @@ class BadCaseJoiner(Processor):
     @classmethod
     def from_settings(cls, settings: Settings, rules: ResponseRules | None = None) -> BadCaseJoiner:
         return cls(
-            rules=rules,
+            # The deployment's compliance lexicon and patterns, the same the per-response rules use.
+            rules=rules or ResponseRules.from_settings(settings),
             ttl_s=settings.badcase_join_ttl_s,
             regression_confidence=settings.badcase_regression_confidence,
             negative_rating=settings.badcase_negative_rating,
@@ -276,12 +325,13 @@ class BadCaseJoiner(Processor):
 
 
 __all__ = [
+    "REGRESSION_LABEL",
     "BadCaseJoiner",
     "JoinEntry",
-    "REGRESSION_LABEL",
     "bad_case_confidence",
     "decode_entry",
     "encode_entry",
+    "example_chunks",
     "minimal_failing_span",
     "token_diff",
 ]

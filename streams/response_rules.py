@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from entroloop.contract.records import Alert, Audit, Event, Health
 from entroloop.contract.settings import Settings
 from streams.base import Processor, derive
-from streams.rules import COMPLIANCE, DEFAULT_COMPLIANCE_LEXICON, ResponseRules
+from streams.rules import COMPLIANCE, ResponseRules
 from streams.windowing import synthesize, window_start
 
 
@@ -48,9 +48,8 @@ class ResponseRuleChecker(Processor):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ResponseRuleChecker:
-        lexicon = (*DEFAULT_COMPLIANCE_LEXICON, *settings.compliance_lexicon)
         return cls(
-            rules=ResponseRules(lexicon=lexicon),
+            rules=ResponseRules.from_settings(settings),
             period_s=settings.rule_count_period_s,
             grace_s=settings.window_grace_s,
         )

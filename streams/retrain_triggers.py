@@ -1,6 +1,6 @@
 """Retrain triggers: ask for one incremental fine-tune per (model, adapter, category, window).
 
-A category is a bad-case label (``numbers``, ``units``, ``currency_format``, ``dates``,
+A category is a bad-case label (``number``, ``fact``, ``amount_format``, ``unit``, ``date``,
 ``json_schema``, ``compliance``, ``other``; the ``regression`` flag is not a category). Windows
 are event-time tumbling windows of ``window_s`` (an hour by default), aligned to the epoch, so a
 trigger key is the same on every replay. Two conditions, one key space:

@@ -27,15 +27,20 @@ from typing import Any
 import ahocorasick
 import msgspec
 
-# Rule names are also bad-case labels and retrain categories: keep them stable.
-NUMBERS = "numbers"
-UNITS = "units"
-CURRENCY_FORMAT = "currency_format"
-DATES = "dates"
-JSON_SCHEMA = "json_schema"
-COMPLIANCE = "compliance"
-OTHER = "other"
-RULES = (NUMBERS, UNITS, CURRENCY_FORMAT, DATES, JSON_SCHEMA, COMPLIANCE)
+from entroloop.contract.settings import Settings
+
+# The bad-case label vocabulary (docs/processors.md, "Bad-case labels"). Rule names are also
+# bad-case labels and retrain categories: keep them stable.
+NUMBER = "number"  # a numeric value changed (500 -> 600); never for a format-only change
+FACT = "fact"  # the content changed (a value, entity, claim or date), not just its form
+AMOUNT_FORMAT = "amount_format"  # a number's written form changed, same value (12元 -> 12.00元, 1,000 -> 1000)
+UNIT = "unit"  # a quantity's unit changed, was added or dropped, or is written otherwise (公斤 -> kg)
+DATE = "date"  # a date changed, was invalid, or is written otherwise
+JSON_SCHEMA = "json_schema"  # the correction is JSON and the output is not / has other keys or types
+COMPLIANCE = "compliance"  # the correction removed a compliance term or paraphrase (稳赚, guaranteed returns)
+OTHER = "other"  # none of the above (the joiner's fallback label)
+LABELS = (NUMBER, FACT, AMOUNT_FORMAT, UNIT, DATE, JSON_SCHEMA, COMPLIANCE)
+RULES = LABELS
 
 # A small built-in compliance lexicon (financial-service answers); deployments add their own
 # through ENTROLOOP_COMPLIANCE_LEXICON. Matching is case-insensitive.
@@ -46,10 +51,35 @@ DEFAULT_COMPLIANCE_LEXICON: tuple[str, ...] = (
     "保本保息",
     "内幕消息",
     "guaranteed return",
-    "risk-free",
+    # "risk-free" is a pattern below, so that "risk-free rate" (a finance term) does not match.
     "no risk",
     "insider information",
 )
+
+# Paraphrases a fixed lexicon misses (regular expressions, case-insensitive); deployments add their
+# own through ENTROLOOP_COMPLIANCE_PATTERNS. A match right after a negation (不保证收益, "not
+# risk-free") is the compliant wording, not a violation.
+DEFAULT_COMPLIANCE_PATTERNS: tuple[str, ...] = (
+    r"稳赚|稳赢|包赚|必赚|躺赚|只赚不赔|稳涨|必涨",
+    r"保证(?:能)?(?:收益|回报|盈利|赚钱|理赔|赔付|获赔|本金|保本|通过|放款|中签|上涨|翻倍|获批)",
+    # 无风险利率 / "risk-free rate" are finance terms, not promises.
+    r"保本(?:保息)?|零风险|无风险(?!利率|收益率|资产)|没有(?:任何)?风险|毫无风险",
+    r"(?:百分之?百|100%)(?:能)?(?:赔付|理赔|获赔|收益|回本|保本|通过|获批|赚|安全)",
+    r"(?:一定|肯定|绝对)(?:能|会|可以)?(?:赚|盈利|理赔|赔付|获赔|涨|回本|通过|获批|安全|不亏)",
+    r"内幕(?:消息|信息)",
+    r"guarantee[ds]?\s+(?:\w+\s+){0,2}?(?:returns?|profits?|income|payouts?|approval|claims?|gains?|yields?)",
+    r"guaranteed\s+to\s+(?:double|profit|pay|win|rise|go up|be approved)",
+    r"risk[- ]free(?! (?:rate|asset|interest))|zero risk|without (?:any )?risk",
+    r"can(?:not|'t|’t) lose|never lose (?:money)?",
+    r"(?:will|is going to) (?:definitely|surely|certainly) (?:rise|go up|pay(?: out)?|profit|double|be approved)",
+    r"sure[- ](?:fire|thing|win|bet)|double your money",
+    r"insider (?:information|info|tips?)",
+    r"100% (?:safe|guaranteed|approval|payout|returns?|approved)",
+)
+_NEGATION_ZH = re.compile(
+    r"(?:不|非|无|没有|未|并非|并不|不会|不能|无法|不可能|不承诺|切勿|禁止|勿)(?:一定|会|能|可以|可|承诺|作|做|是)?\s*$"
+)
+_NEGATION_EN = re.compile(r"\b(?:not|no|never|cannot|can't|isn't|aren't|without|nor)\s+(?:\w+\s+){0,1}$", re.IGNORECASE)
 
 
 class Token(msgspec.Struct, frozen=True, array_like=True):
@@ -97,10 +127,44 @@ _UNIT_AFTER_RE = re.compile(
 _YUAN_RE = re.compile(r"[¥￥]\s*(\d[\d,，]*(?:\.\d+)?)|(\d[\d,，]*(?:\.\d+)?)\s*元")
 # The house format for amounts: thousands grouped by commas (optional), exactly two decimals.
 _YUAN_OK = re.compile(r"^(?:\d{1,3}(?:,\d{3})+|\d+)\.\d{2}$")
+_MONTHS = {
+    name: i
+    for i, names in enumerate(
+        [("jan", "january"), ("feb", "february"), ("mar", "march"), ("apr", "april"), ("may",),
+         ("jun", "june"), ("jul", "july"), ("aug", "august"), ("sep", "sept", "september"),
+         ("oct", "october"), ("nov", "november"), ("dec", "december")],
+        start=1,
+    )
+    for name in names
+}
+_MONTH_NAME = r"(?P<mname>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+# Most specific first: each match is blanked before the next pattern runs, so 2024年3月5日 is one
+# date, not also a year-less 3月5日. Year 0 means "no year written".
 _DATE_PATTERNS = (
-    re.compile(r"(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)"),
-    re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月\s*(\d{1,2})\s*[日号]"),
+    re.compile(r"(?<!\d)(?P<y>\d{4})[-/.](?P<m>\d{1,2})[-/.](?P<d>\d{1,2})(?!\d)"),
+    re.compile(r"(?P<y>\d{4})\s*年\s*(?P<m>\d{1,2})\s*月\s*(?P<d>\d{1,2})\s*[日号]"),
+    re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?,?\s+(?P<y>\d{{4}})\b", re.IGNORECASE),
+    re.compile(rf"\b(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH_NAME}\s+(?P<y>\d{{4}})\b", re.IGNORECASE),
+    re.compile(r"(?<![\d年])(?P<m>\d{1,2})\s*月\s*(?P<d>\d{1,2})\s*[日号]"),
+    re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\b(?!\s*[,:]?\s*\d{{4}})", re.IGNORECASE),
 )
+
+
+def date_spans(text: str) -> list[tuple[int, int, tuple[int, int, int]]]:
+    """(start, end, (year, month, day)) of every date, in text order; year 0 when not written.
+
+    Forms: 2024-03-05, 2024/3/5, 2024.3.5, 2024年3月5日, 3月5日, March 5, 2024, 5 March 2024,
+    March 5."""
+    found = []
+    blanked = text
+    for pattern in _DATE_PATTERNS:
+        for m in pattern.finditer(blanked):
+            groups = m.groupdict()
+            month = _MONTHS[groups["mname"].lower()] if groups.get("mname") else int(groups["m"])
+            year = int(groups["y"]) if groups.get("y") else 0
+            found.append((m.start(), m.end(), (year, month, int(groups["d"]))))
+        blanked = pattern.sub(lambda m: " " * len(m.group()), blanked)
+    return sorted(found)
 
 
 def _norm_number(raw: str) -> str:
@@ -115,21 +179,14 @@ def _norm_number(raw: str) -> str:
 
 def _without_dates(text: str) -> str:
     """``text`` with dates blanked out, so a changed day counts as a date error, not a number one."""
-    for pattern in _DATE_PATTERNS:
-        text = pattern.sub(lambda m: " " * len(m.group()), text)
+    for start, end, _ in date_spans(text):
+        text = text[:start] + " " * (end - start) + text[end:]
     return text
 
 
 def numbers(text: str) -> list[str]:
     """Every number in ``text`` outside dates, normalised, in order."""
     return [_norm_number(m.group(1)) for m in _NUMBER_RE.finditer(_without_dates(text))]
-
-
-def _plain_number_texts(text: str) -> list[str]:
-    """Numbers outside dates and yuan amounts as written (separators dropped): 1234.00 -> 1234 is
-    a numbers error (precision lost), while a yuan amount's decimals are the currency rule's job."""
-    text = _YUAN_RE.sub(lambda m: " " * len(m.group()), _without_dates(text))
-    return [m.group(1).replace(",", "").replace("，", "") for m in _NUMBER_RE.finditer(text)]
 
 
 def quantities(text: str) -> list[tuple[str, str]]:
@@ -154,11 +211,8 @@ def bad_yuan_amounts(text: str) -> list[str]:
 
 
 def dates(text: str) -> list[tuple[int, int, int]]:
-    """(year, month, day) of every date written as 2024-03-05, 2024/3/5 or 2024年3月5日."""
-    out = []
-    for pattern in _DATE_PATTERNS:
-        out.extend((int(y), int(m), int(d)) for y, m, d in pattern.findall(text))
-    return out
+    """(year, month, day) of every date (forms in ``date_spans``), in text order."""
+    return [ymd for _, _, ymd in date_spans(text)]
 
 
 def invalid_dates(text: str) -> list[tuple[int, int, int]]:
@@ -166,34 +220,56 @@ def invalid_dates(text: str) -> list[tuple[int, int, int]]:
     bad = []
     for y, m, d in dates(text):
         try:
-            dt.date(y, m, d)
+            dt.date(y or 2000, m, d)  # no year written: a leap year, so 2月29日 stays valid
         except ValueError:
             bad.append((y, m, d))
     return bad
 
 
 class ComplianceLexicon:
-    """Aho-Corasick automaton over the compliance terms: one pass per text whatever their number."""
+    """Compliance terms (Aho-Corasick: one pass per text whatever their number) and paraphrase
+    patterns (regular expressions), both case-insensitive; a match right after a negation
+    (不保证收益, "not risk-free") is the compliant wording and is skipped."""
 
-    def __init__(self, terms: Iterable[str] = DEFAULT_COMPLIANCE_LEXICON) -> None:
+    def __init__(
+        self,
+        terms: Iterable[str] = DEFAULT_COMPLIANCE_LEXICON,
+        patterns: Iterable[str] = DEFAULT_COMPLIANCE_PATTERNS,
+    ) -> None:
         self._automaton = ahocorasick.Automaton()
         self.terms = sorted({t.lower() for t in terms if t.strip()})
         for term in self.terms:
             self._automaton.add_word(term, term)
         if self.terms:
             self._automaton.make_automaton()
+        self.patterns = [re.compile(p, re.IGNORECASE) for p in patterns if p.strip()]
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
-        """(start, end, term) of every match, case-insensitive, in order."""
-        if not self.terms:
-            return []
+        """(start, end, term) of every non-negated match, in order; where a term and a pattern
+        overlap the longer match wins, so one phrase counts once."""
         lowered = text.lower()
         # lower() keeps length for the scripts the lexicon uses, so offsets stay valid; where it
         # does not (rare ligatures) the terms are still found, only offsets may shift.
-        return [(end - len(t) + 1, end + 1, t) for end, t in self._automaton.iter(lowered)]
+        hits = [(end - len(t) + 1, end + 1, t) for end, t in self._automaton.iter(lowered)] if self.terms else []
+        for pattern in self.patterns:
+            hits.extend((m.start(), m.end(), m.group().lower()) for m in pattern.finditer(lowered) if m.end() > m.start())
+        kept: list[tuple[int, int, str]] = []
+        for start, end, term in sorted(hits, key=lambda h: (h[0], h[0] - h[1])):
+            if kept and start < kept[-1][1]:
+                continue  # overlaps a longer (or earlier) match of the same phrase
+            if _negated(lowered, start):
+                continue
+            kept.append((start, end, term))
+        return kept
 
     def terms_in(self, text: str) -> Counter[str]:
         return Counter(t for _, _, t in self.find(text))
+
+
+def _negated(lowered: str, start: int) -> bool:
+    """Whether the match at ``start`` follows a negation (不 / 并非 / not / never ...)."""
+    before = lowered[max(0, start - 24) : start]
+    return bool(_NEGATION_ZH.search(before[-8:]) or _NEGATION_EN.search(before))
 
 
 # --- JSON schema -----------------------------------------------------------------------------
@@ -248,15 +324,26 @@ class Violation(msgspec.Struct, frozen=True):
 
 
 class ResponseRules:
-    """The rule set, configured once: compliance lexicon and JSON schemas per route."""
+    """The rule set, configured once: compliance lexicon and patterns, JSON schemas per route."""
 
     def __init__(
         self,
         lexicon: Iterable[str] = DEFAULT_COMPLIANCE_LEXICON,
         json_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        patterns: Iterable[str] = DEFAULT_COMPLIANCE_PATTERNS,
     ) -> None:
-        self.lexicon = ComplianceLexicon(lexicon)
+        self.lexicon = ComplianceLexicon(lexicon, patterns)
         self.json_schemas = dict(json_schemas or {})
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ResponseRules:
+        """The built-in lexicon and patterns plus the deployment's (ENTROLOOP_COMPLIANCE_LEXICON,
+        ENTROLOOP_COMPLIANCE_PATTERNS): the bad-case joiner and the per-response checker both build
+        their rules here, so a term added once counts in both."""
+        return cls(
+            lexicon=(*DEFAULT_COMPLIANCE_LEXICON, *settings.compliance_lexicon),
+            patterns=(*DEFAULT_COMPLIANCE_PATTERNS, *settings.compliance_patterns),
+        )
 
     def check_response(self, text: str, route: str = "default") -> list[Violation]:
         """Every rule ``text`` breaks on its own (no correction needed)."""
@@ -264,9 +351,9 @@ class ResponseRules:
         for m in _YUAN_RE.finditer(text):
             amount = m.group(1) or m.group(2)
             if not _YUAN_OK.match(amount.replace("，", ",")):
-                out.append(Violation(CURRENCY_FORMAT, f"amount {m.group()!r} needs two decimals", m.start(), m.end()))
+                out.append(Violation(AMOUNT_FORMAT, f"amount {m.group()!r} needs two decimals", m.start(), m.end()))
         for y, mo, d in invalid_dates(text):
-            out.append(Violation(DATES, f"no such date {y:04d}-{mo:02d}-{d:02d}"))
+            out.append(Violation(DATE, f"no such date {y:04d}-{mo:02d}-{d:02d}"))
         schema = self.json_schemas.get(route)
         if schema is not None:
             out.extend(Violation(JSON_SCHEMA, reason) for reason in json_schema_violations(text, schema))
@@ -275,58 +362,39 @@ class ResponseRules:
         return out
 
     def compare(self, response: str, correction: str, route: str = "default") -> list[str]:
-        """Labels explaining what the correction changed, in ``RULES`` order; [] if none applies."""
-        labels: set[str] = set()
-        if Counter(numbers(response)) != Counter(numbers(correction)) or Counter(
-            _plain_number_texts(response)
-        ) != Counter(_plain_number_texts(correction)):
-            labels.add(NUMBERS)
-        q_resp, q_corr = quantities(response), quantities(correction)
-        # A unit error: the same number with another unit (5 克 -> 5 千克), or units changed while
-        # the numbers stayed.
-        units_resp = Counter(u for _, u in q_resp)
-        units_corr = Counter(u for _, u in q_corr)
-        if units_resp != units_corr:
-            by_number_resp = {n: u for n, u in q_resp}
-            if any(by_number_resp.get(n, u) != u for n, u in q_corr) or Counter(
-                n for n, _ in q_resp
-            ) == Counter(n for n, _ in q_corr):
-                labels.add(UNITS)
-        if bad_yuan_amounts(response) and not bad_yuan_amounts(correction):
-            labels.add(CURRENCY_FORMAT)
-        if Counter(dates(response)) != Counter(dates(correction)):
-            labels.add(DATES)
-        schema = self.json_schemas.get(route)
-        if schema is not None and json_schema_violations(response, schema) and not json_schema_violations(
-            correction, schema
-        ):
-            labels.add(JSON_SCHEMA)
-        removed = self.lexicon.terms_in(response) - self.lexicon.terms_in(correction)
-        if removed:
-            labels.add(COMPLIANCE)
-        return [r for r in RULES if r in labels]
+        """Labels explaining what the correction changed, in ``LABELS`` order; [] if none applies.
+
+        The vocabulary and its rules live in ``streams.correction_labels``."""
+        # Imported here: correction_labels builds on this module.
+        from streams.correction_labels import label_correction
+
+        return label_correction(response, correction, self.lexicon, self.json_schemas.get(route))
 
 
 __all__ = [
-    "RULES",
-    "NUMBERS",
-    "UNITS",
-    "CURRENCY_FORMAT",
-    "DATES",
-    "JSON_SCHEMA",
+    "AMOUNT_FORMAT",
     "COMPLIANCE",
-    "OTHER",
+    "DATE",
     "DEFAULT_COMPLIANCE_LEXICON",
+    "DEFAULT_COMPLIANCE_PATTERNS",
+    "FACT",
+    "JSON_SCHEMA",
+    "LABELS",
+    "NUMBER",
+    "OTHER",
+    "RULES",
+    "UNIT",
+    "ComplianceLexicon",
+    "ResponseRules",
     "Token",
-    "tokenize",
-    "numbers",
-    "quantities",
-    "yuan_amounts",
+    "Violation",
     "bad_yuan_amounts",
+    "date_spans",
     "dates",
     "invalid_dates",
-    "ComplianceLexicon",
     "json_schema_violations",
-    "Violation",
-    "ResponseRules",
+    "numbers",
+    "quantities",
+    "tokenize",
+    "yuan_amounts",
 ]

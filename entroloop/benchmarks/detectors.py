@@ -78,7 +78,7 @@ def run(requests: int = 3000, seed: int = 11, with_intent: bool | None = None, p
             continue
         rate, out = _rate(processor, inputs)
         if processor.name == "response_rules":  # its per-response verdicts, not its window counts
-            out = [r for r in inputs if any(v.rule == "currency_format" for v in processor.rules.check_response(r.response))]
+            out = [r for r in inputs if any(v.rule == "amount_format" for v in processor.rules.check_response(r.response))]
         results.update(_quality(processor.name, out, labels, rate))
     return results
 
@@ -168,7 +168,7 @@ def _quality(name: str, out: list[Event], labels: dict, rate: float) -> dict[str
         }}
     if name == "response_rules":
         predicted = {o.request_id for o in out}
-        actual = {rid for rid, lab in labels.items() if lab.format_error and lab.error_label == "currency_format"}
+        actual = {rid for rid, lab in labels.items() if lab.format_error and lab.error_label == "amount_format"}
         p, r = _pr(predicted, actual)
         return {name: {"precision": p, "recall": r, "events_per_s": round(rate), "note": "currency format in every response (no correction needed)"}}
     if name == "intent_similarity":

@@ -192,6 +192,91 @@ def pii(file: InputFile, as_json: AsJson = False, predictions: Predictions = Non
         emit_json(figures)
 
 
+# --- eval corrections --------------------------------------------------------------------------
+
+
+class CorrectionLine(msgspec.Struct):
+    """A model output and the user's correction, optionally with the labels it deserves."""
+
+    prompt: str
+    output: str
+    corrected: str
+    id: str | int | None = None
+    labels: list[str] | None = None
+
+    def check(self) -> str:
+        from streams.rules import LABELS, OTHER
+
+        unknown = sorted(set(self.labels or ()) - {*LABELS, OTHER})
+        if unknown:
+            return f"labels {unknown} are not in the vocabulary ({', '.join((*LABELS, OTHER))})"
+        return ""
+
+
+@eval_app.command("corrections")
+def corrections(file: InputFile, as_json: AsJson = False, predictions: Predictions = None) -> None:
+    """Bad-case labels of corrections: exact label set and precision/recall per label.
+
+    Lines: {"id", "prompt", "output", "corrected", "labels": [...]}; id and labels are optional, unknown keys ignored.
+
+    Each line runs through the bad-case joiner live feedback goes through (redaction, diff, labels from the same settings, so ENTROLOOP_COMPLIANCE_LEXICON / _PATTERNS count); labels: number, fact, amount_format, unit, date, json_schema, compliance, other. Predictions: {"id", "labels", "minimal_failing_example": {"start", "end", "output", "corrected"}}.
+    """
+    import time
+
+    from entroloop.cli.common import settings_or_exit
+    from entroloop.contract.ids import uuid7
+    from entroloop.contract.records import Audit, Feedback
+    from streams.bad_cases import REGRESSION_LABEL, BadCaseJoiner, minimal_failing_span
+
+    try:
+        lines = read_jsonl(file, CorrectionLine)
+    except EvalInputError as exc:
+        raise fail(str(exc)) from None
+    joiner = BadCaseJoiner.from_settings(settings_or_exit())
+    now = time.time()
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # label -> [true pos, predicted, support]
+    exact = labelled = 0
+    rows = []
+    for number, line in enumerate(lines):
+        request = f"eval-{number}"
+        common = {"emitted_at": now, "node_id": "eval", "seq": number, "request_id": request}
+        audit = Audit(event_id=uuid7(now), **common, audit_id=request, model="eval", prompt=line.prompt,
+                      response=line.output)
+        feedback = Feedback(event_id=uuid7(now), **common, rating=0, corrected_answer=line.corrected)
+        case = joiner.build(audit, feedback)
+        predicted = [label for label in case.labels if label != REGRESSION_LABEL]
+        (start, end), replacement = minimal_failing_span(case.response, case.correction)
+        rows.append({"id": line.id, "labels": predicted, "minimal_failing_example": {
+            "start": start, "end": end, "output": case.response[start:end], "corrected": replacement}})
+        if line.labels is None:
+            continue
+        labelled += 1
+        exact += int(set(predicted) == set(line.labels))
+        for label in set(predicted) | set(line.labels):
+            tally = counts[label]
+            tally[0] += int(label in predicted and label in line.labels)
+            tally[1] += int(label in predicted)
+            tally[2] += int(label in line.labels)
+    write_predictions(predictions, rows)
+
+    figures = {
+        "exact_set": ratio(exact, labelled),
+        "per_label": {label: {"precision": ratio(tp, n_pred), "recall": ratio(tp, support), "support": support}
+                      for label, (tp, n_pred, support) in sorted(counts.items())},
+        "lines": len(lines),
+        "labelled": labelled,
+    }
+    table_rows: list[Sequence[object]] = [
+        (label, v["support"], f"{v['precision']:.3f}", f"{v['recall']:.3f}") for label, v in figures["per_label"].items()
+    ]
+    if labelled:
+        table_rows.append(("exact label set", labelled, "", f"{figures['exact_set']:.3f}"))
+    print_table(f"Bad-case labels on {file.name} ({len(lines)} lines, {labelled} labelled)",
+                ("label", "support", "precision", "recall"), table_rows)
+    if as_json:
+        emit_json(figures)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(eval_app, name="eval")
 

@@ -8,6 +8,7 @@ Secrets are ``SecretStr`` so they never print in logs, reprs or events.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -197,6 +198,12 @@ class Settings(BaseSettings):
         [],
         description="Extra compliance terms (JSON list) matched with Aho-Corasick in every response, "
         "added to the built-in lexicon.",
+    )
+    compliance_patterns: list[str] = Field(
+        [],
+        description="Extra compliance paraphrase patterns (JSON list of case-insensitive regular "
+        "expressions, e.g. `\"躺着(?:就能)?赚\"`), added to the built-in ones; a match right after a negation "
+        "(不, 并非, not, never) is skipped. Used by the per-response rules and the bad-case joiner.",
     )
     rule_count_period_s: float = Field(
         60.0, gt=0, description="Period (event time) of the per rule/model/route violation counts."
@@ -525,6 +532,17 @@ class Settings(BaseSettings):
     def _dsn_scheme(cls, value: str) -> str:
         if value and not value.startswith(("chdb://", "http://", "https://")):
             raise ValueError("must start with chdb://, http:// or https:// (e.g. chdb:///var/lib/entroloop)")
+        return value
+
+    @field_validator("compliance_patterns")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        # A typo in a pattern should stop the worker at start-up, not crash the first audit.
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
         return value
 
     def resolved_clickhouse_dsn(self) -> str:

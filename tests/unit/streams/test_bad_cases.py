@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import msgspec
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
@@ -30,7 +30,7 @@ def test_join_audit_first() -> None:
     assert joiner.process(audit("r1", prompt="余额?", response=RESPONSE, adapter="a1")) == []
     (case,) = joiner.process(feedback("r1", corrected=CORRECTION, rating=1))
     assert isinstance(case, BadCase)
-    assert case.labels[0] == "numbers" and case.adapter == "a1" and case.prompt == "余额?"
+    assert case.labels[:2] == ["number", "fact"] and case.adapter == "a1" and case.prompt == "余额?"
     assert case.request_id == "r1"
 
 
@@ -118,10 +118,25 @@ def test_token_diff_cjk_characters_and_numbers() -> None:
 
 def test_minimal_span_widens_to_whole_tokens() -> None:
     (start, end), replacement = minimal_failing_span(RESPONSE, CORRECTION)
-    assert RESPONSE[start:end] == "120.00" and replacement == "150.00"
+    assert RESPONSE[start:end] == "120.00元" and replacement == "150.00元"  # the amount with its unit
     span, rep = minimal_failing_span("price 12.5 total", "price 12.8 total")
     assert "price 12.5 total"[span[0] : span[1]] == "12.5" and rep == "12.8"
     assert minimal_failing_span("same", "same") == ((4, 4), "")
+
+
+def test_minimal_span_is_never_empty_nor_half_a_token() -> None:
+    """An inserted 0 or m blames the whole amount or quantity, a changed city the whole CJK run."""
+    cases = [
+        ("500.5元", "500.50元", "500.5元", "500.50元"),
+        ("500g", "500mg", "500g", "500mg"),
+        ("每袋重量为5克。", "每袋重量为5千克。", "5克", "5千克"),
+        ("会议在北京举行，请准时", "会议在上海举行，请准时", "会议在北京举行", "会议在上海举行"),
+        ("hello world", "hello big world", "world", "big world"),
+        ("due 2024-03-05 ok", "due 2024-03-06 ok", "2024-03-05", "2024-03-06"),
+    ]
+    for response, correction, blamed, replacement in cases:
+        (start, end), rep = minimal_failing_span(response, correction)
+        assert (response[start:end], rep) == (blamed, replacement), response
 
 
 @hsettings(max_examples=200, deadline=None)
@@ -132,18 +147,32 @@ def test_minimal_span_replacement_always_yields_the_correction(response: str, co
     assert response[:start] + replacement + response[end:] == correction
 
 
+@given(st.text(alphabet="ab 5.元g千克北京,", max_size=12), st.text(alphabet="ab 5.元g千克北京,", max_size=12))
+@example("a  b", "a x b")  # an insertion inside spacing: blame the nearest chunk
+@hsettings(max_examples=300, deadline=None)
+def test_minimal_span_is_empty_only_when_nothing_can_be_blamed(response: str, correction: str) -> None:
+    (start, end), replacement = minimal_failing_span(response, correction)
+    assert response[:start] + replacement + response[end:] == correction
+    if response != correction and response.strip():
+        assert start < end, (response, correction)
+
+
 def test_labels_confidence_and_regression_flag() -> None:
     joiner = BadCaseJoiner(regression_confidence=0.8, negative_rating=2)
     joiner.process(audit("r9", response=RESPONSE))
-    (focused,) = joiner.process(feedback("r9", corrected=CORRECTION, rating=1, error_type="numbers"))
+    (focused,) = joiner.process(feedback("r9", corrected=CORRECTION, rating=1, error_type="number"))
     # base 0.1 + rule 0.3 + focused 0.2 + negative 0.2 + declared 0.1 + declared names a rule 0.1
     assert focused.confidence == 1.0
-    assert focused.labels == ["numbers", REGRESSION_LABEL]
-    assert RESPONSE[focused.minimal_span[0] : focused.minimal_span[1]] == "120.00"
+    assert focused.labels == ["number", "fact", REGRESSION_LABEL]
+    assert RESPONSE[focused.minimal_span[0] : focused.minimal_span[1]] == "120.00元"  # the amount with its unit
 
     joiner.process(audit("r10", response="the sky is green today"))
     (vague,) = joiner.process(feedback("r10", corrected="I would rather not talk about the sky", rating=4))
-    assert vague.labels == ["other"] and vague.confidence < 0.5
+    # a rewrite changes the content (fact), but no specific rule explains it: low confidence
+    assert vague.labels == ["fact"] and vague.confidence < 0.5
+    joiner.process(audit("r11", response="the sky is green today"))
+    (spacing,) = joiner.process(feedback("r11", corrected="the sky is green today.", rating=4))
+    assert spacing.labels == ["other"]  # punctuation only: nothing a label names
 
 
 def test_declared_error_type_is_a_label_and_rewrites_stay_below_regression() -> None:
@@ -161,18 +190,34 @@ def test_fleet_shaped_format_errors() -> None:
     joiner = BadCaseJoiner()
     joiner.process(audit("z1", response="订单12345的退款金额为1234.5元。"))
     (zh,) = joiner.process(feedback("z1", corrected="订单12345的退款金额为1234.50元。", rating=-1, error_type="format"))
-    assert zh.labels[0] == "currency_format" and "numbers" not in zh.labels and REGRESSION_LABEL in zh.labels
+    assert zh.labels[0] == "amount_format" and "number" not in zh.labels and REGRESSION_LABEL in zh.labels
     joiner.process(audit("e1", response="The refund for order 12345 is 1234 USD."))
     (en,) = joiner.process(feedback("e1", corrected="The refund for order 12345 is 1234.00 USD.", rating=-1, error_type="format"))
-    assert en.labels[0] == "numbers"  # 1234.00 rounded to 1234: precision lost is a numbers error
-    assert en.labels[:2] == ["numbers", "format"]
+    # Same value, two decimals added: a format change, not a new number (nor a fact)
+    assert en.labels[:2] == ["amount_format", "format"]
 
 
 def test_unit_and_currency_corrections_labelled() -> None:
     joiner = BadCaseJoiner()
     joiner.process(audit("u1", response="每袋重量为5克。"))
     (units,) = joiner.process(feedback("u1", corrected="每袋重量为5千克。", rating=1))
-    assert units.labels[0] == "units"
+    assert units.labels[:2] == ["fact", "unit"]
     joiner.process(audit("c1", response="手续费为12元。"))
     (money,) = joiner.process(feedback("c1", corrected="手续费为12.00元。", rating=1))
-    assert money.labels[0] == "currency_format"
+    assert money.labels[0] == "amount_format"
+
+
+def test_from_settings_uses_the_deployments_compliance_terms_and_patterns() -> None:
+    """The joiner and the per-response checker read the same lexicon and patterns from settings."""
+    from entroloop.contract.settings import Settings
+    from streams.response_rules import ResponseRuleChecker
+
+    settings = Settings(compliance_lexicon=["包过"], compliance_patterns=[r"躺着(?:就能)?赚"])
+    joiner = BadCaseJoiner.from_settings(settings)
+    joiner.process(audit("cfg", response="考试包过，躺着就能赚"))
+    (case,) = joiner.process(feedback("cfg", corrected="考试需要认真准备"))
+    assert "compliance" in case.labels
+    assert BadCaseJoiner().rules.compare("考试包过", "考试需要认真准备") == ["fact"]  # not a default term
+    checker = ResponseRuleChecker.from_settings(settings)
+    (alert,) = checker.process(audit("cfg2", response="考试包过，躺着就能赚"))
+    assert alert.value == 2.0

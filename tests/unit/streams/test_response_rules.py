@@ -35,11 +35,11 @@ def test_counts_per_rule_model_route_and_window_boundary() -> None:
     checked = _by_metric(closed, "responses_checked")
     violations = _by_metric(closed, "rule_violations")
     assert checked == {("m1", "", "1020"): 2.0, ("m2", "", "1020"): 1.0}
-    assert violations == {("m1", "currency_format", "1020"): 1.0, ("m2", "currency_format", "1020"): 1.0}
+    assert violations == {("m1", "amount_format", "1020"): 1.0, ("m2", "amount_format", "1020"): 1.0}
     later = checker.on_watermark(1145.0)
     assert _by_metric(later, "rule_violations") == {
-        ("m1", "currency_format", "1080"): 1.0,
-        ("m1", "dates", "1080"): 1.0,
+        ("m1", "amount_format", "1080"): 1.0,
+        ("m1", "date", "1080"): 1.0,
     }
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from streams.rules import (
+    AMOUNT_FORMAT,
     COMPLIANCE,
-    CURRENCY_FORMAT,
-    DATES,
+    DATE,
+    FACT,
     JSON_SCHEMA,
-    NUMBERS,
-    UNITS,
+    NUMBER,
+    UNIT,
     ComplianceLexicon,
     ResponseRules,
     bad_yuan_amounts,
@@ -75,7 +76,33 @@ def test_compliance_lexicon_aho_corasick_offsets_case_insensitive() -> None:
     text = "本产品保证收益, totally RISK-FREE"
     hits = lex.find(text)
     assert [(text[s:e], t) for s, e, t in hits] == [("保证收益", "保证收益"), ("RISK-FREE", "risk-free")]
-    assert ComplianceLexicon([]).find(text) == []
+    assert ComplianceLexicon([], patterns=[]).find(text) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("这只基金稳赚，放心买", ["稳赚"]),
+        ("我们保证理赔，三天到账", ["保证理赔"]),
+        ("百分百赔付", ["百分百赔付"]),
+        ("This fund offers guaranteed returns.", ["guaranteed returns"]),
+        ("You cannot lose money here.", ["cannot lose"]),
+        ("本产品不保证收益，也并非无风险", []),  # negated: the compliant wording
+        ("Returns are not guaranteed and the fund is not risk-free.", []),
+        ("稳赚不赔", ["稳赚不赔"]),  # lexicon term and pattern overlap: counted once
+        ("无风险利率为2%，the risk-free rate is 2%", []),  # finance terms, not promises
+    ],
+)
+def test_compliance_paraphrase_patterns_and_negation(text: str, found: list[str]) -> None:
+    assert [text[s:e] for s, e, _ in ComplianceLexicon().find(text)] == found
+
+
+def test_compliance_patterns_from_settings_reach_compare() -> None:
+    from entroloop.contract.settings import Settings
+
+    rules = ResponseRules.from_settings(Settings(compliance_lexicon=["包过"], compliance_patterns=[r"躺着(?:就能)?赚"]))
+    assert COMPLIANCE in rules.compare("考试包过", "考试需要认真准备")
+    assert COMPLIANCE in rules.compare("躺着就能赚钱", "投资有风险")
 
 
 def test_json_schema_violations() -> None:
@@ -90,7 +117,7 @@ def test_json_schema_violations() -> None:
 def test_check_response_finds_each_rule() -> None:
     rules = ResponseRules(json_schemas={"json": SCHEMA})
     found = rules.check_response("保证收益 12元 2024-02-30", route="default")
-    assert sorted({v.rule for v in found}) == sorted([COMPLIANCE, CURRENCY_FORMAT, DATES])
+    assert sorted({v.rule for v in found}) == sorted([COMPLIANCE, AMOUNT_FORMAT, DATE])
     assert [v.rule for v in rules.check_response('{"amount": 1}', route="json")] == [JSON_SCHEMA]
     assert rules.check_response("一切正常，共12.00元，2024-02-29到期") == []
 
@@ -98,18 +125,21 @@ def test_check_response_finds_each_rule() -> None:
 @pytest.mark.parametrize(
     ("response", "correction", "labels"),
     [
-        ("总价120.00元", "总价150.00元", [NUMBERS]),
-        ("重量5克", "重量5千克", [UNITS]),
-        ("weighs 5 g", "weighs 5 kg", [UNITS]),
-        ("共12元", "共12.00元", [CURRENCY_FORMAT]),
-        ("2024-03-05到期", "2024-03-06到期", [DATES]),
-        ("2024年3月5日到期", "2024-03-05到期", []),  # same date, other format: no date error
-        ("本产品保证收益", "本产品有风险", [COMPLIANCE]),
-        ("the sky is green", "the sky is blue", []),
-        ("收益100元", "收益120.00元", [NUMBERS, CURRENCY_FORMAT]),
-        ("costs 1234 USD", "costs 1234.00 USD", [NUMBERS]),  # precision lost
-        ("costs 1,234.00 USD", "costs 1234.00 USD", []),  # thousands separator only
-        ("共3.5元", "共3.50元", [CURRENCY_FORMAT]),  # a yuan amount's decimals: currency rule only
+        ("总价120.00元", "总价150.00元", [NUMBER, FACT]),
+        ("重量5克", "重量5千克", [FACT, UNIT]),
+        ("weighs 5 g", "weighs 5 kg", [FACT, UNIT]),
+        ("重5公斤", "重5 kg", [UNIT]),  # the same unit written otherwise: form only
+        ("共12元", "共12.00元", [AMOUNT_FORMAT]),
+        ("2024-03-05到期", "2024-03-06到期", [FACT, DATE]),
+        ("2024年3月5日到期", "2024-03-05到期", [DATE]),  # same date, other format: no fact
+        ("本产品保证收益", "本产品有风险", [FACT, COMPLIANCE]),
+        ("the sky is green", "the sky is blue", [FACT]),
+        ("收益100元", "收益120.00元", [NUMBER, FACT, AMOUNT_FORMAT]),
+        ("costs 1234 USD", "costs 1234.00 USD", [AMOUNT_FORMAT]),  # same value: format only
+        ("costs 1,234.00 USD", "costs 1234.00 USD", [AMOUNT_FORMAT]),  # thousands separator only
+        ("共3.5元", "共3.50元", [AMOUNT_FORMAT]),
+        ("退款1.5万元", "退款15000.00元", [AMOUNT_FORMAT]),  # 万 is a multiplier, not a new value
+        ("我们不保证收益", "我们不保证收益。", []),  # negated term is compliant; punctuation is form
     ],
 )
 def test_compare_labels(response: str, correction: str, labels: list[str]) -> None:
