@@ -162,7 +162,7 @@ def test_join_state_is_recovered_from_the_changelog_after_a_kill(
     wanted = {f"audit-first-{i}" for i in range(PAIRS)} | {f"feedback-first-{i}" for i in range(PAIRS)}
     assert set(per_request) == wanted, f"missing {wanted - set(per_request)}, extra {set(per_request) - wanted}"
     assert all(n == 1 for n in per_request.values()), per_request.most_common(3)
-    assert all(case.correction == CORRECTION and "numbers" in case.labels for case in bad_cases)
+    assert all(case.correction == CORRECTION and "number" in case.labels for case in bad_cases)
 
 
 def test_control_a_join_on_a_plain_dict_forgets_everything_across_the_kill(
