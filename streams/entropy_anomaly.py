@@ -177,7 +177,7 @@ class EntropyAnomalyDetector(Processor):
             carry = state.get(request_id)
             if carry is None and record.final and not runs:
                 if self.evidence is not None:
-                    self.evidence.learn(record.model, record.route, arrays[index])
+                    self.evidence.learn_if_normal(record.model, record.route, arrays[index], [])
                 continue
             carried = self._carried_into(record, carry)
             still_open: dict[str, OpenRun] = {}
@@ -194,8 +194,8 @@ class EntropyAnomalyDetector(Processor):
             alerts.extend(found)
             if carry is not None and record.chunk_index < carry.next_chunk:
                 continue  # a redelivered chunk: it changes nothing the first delivery did not
-            if self.evidence is not None and not found:
-                self.evidence.learn(record.model, record.route, arrays[index])
+            if self.evidence is not None:
+                self.evidence.learn_if_normal(record.model, record.route, arrays[index], found)
             if not record.final or carry is not None:
                 joined = carry.joined if carry is not None else {}
                 if carried:

@@ -1,13 +1,18 @@
 """Per-(model, route) bands of sustained entropy, learned only from traffic judged normal.
 
 The static rules use one threshold for every model; these bands say what is normal for each:
-``low`` is a low quantile of a request's lowest sustained entropy (the minimum of its rolling
-median over ``window`` tokens) and ``high`` a high quantile of its highest sustained entropy (the
-rolling median's maximum). Sustained, not single tokens, because normal text has short spikes and
+``low`` is a lower fence of a request's lowest sustained entropy (the minimum of its rolling
+median over ``window`` tokens) and ``high`` an upper fence of its highest sustained entropy (the
+rolling median's maximum). Fences are Tukey's (quartile -/+ ``fence`` x interquartile range), not
+extreme quantiles: with tens of requests an extreme quantile is the most extreme request seen,
+and one anomaly learned during warm-up would become the band's edge; quartiles ignore up to a
+quarter of them. Sustained, not single tokens, because normal text has short spikes and
 dips: a name is a few uncertain tokens, an indentation a few certain ones.
 
-Only requests the detector did not flag are learned (a burst of loops cannot widen the band that
-should catch them), and a band is used after ``min_requests`` (tens, not hundreds: the quantile
+Once a band exists only requests the detector did not flag are learned (a burst of gibberish cannot
+widen the band that should catch it). During warm-up every request is learned but those with a
+confirmed loop: otherwise a model whose normal level is above the cold-start rule would be flagged
+on every request and never get a band. A band is used after ``min_requests`` (tens, not hundreds: the quantile
 sketch is exact to one 0.02-nat bin whatever the count). Before that the detector uses its
 cold-start rules. State is plain msgspec structs; it lives in the worker's memory (one per
 worker, relearned in tens of requests after a restart).
@@ -63,13 +68,11 @@ def sustained(values: np.ndarray, window: int) -> np.ndarray:
 class EntropyBands:
     """Learns and serves the per-(model, route) bands."""
 
-    def __init__(self, window: int = 20, min_requests: int = 20, quantile_low: float = 0.02,
-                 quantile_high: float = 0.98, half_life_requests: int = 50_000,
-                 state: BandState | None = None) -> None:
+    def __init__(self, window: int = 20, min_requests: int = 20, fence: float = 1.5,
+                 half_life_requests: int = 50_000, state: BandState | None = None) -> None:
         self.window = window
         self.min_requests = min_requests
-        self.quantile_low = quantile_low
-        self.quantile_high = quantile_high
+        self.fence = fence
         self.half_life_requests = half_life_requests
         self.state = state or BandState()
 
@@ -82,9 +85,17 @@ class EntropyBands:
         sketches = self.state.models.get(self.key(model, route))
         if sketches is None or sketches.lows.seen < self.min_requests:
             return None
-        (low,) = sketches.lows.quantiles((self.quantile_low,))
-        (high,) = sketches.highs.quantiles((self.quantile_high,))
-        return Band(low=low, high=high, requests=sketches.lows.seen)
+        low_q1, low_q3 = sketches.lows.quantiles((0.25, 0.75))
+        high_q1, high_q3 = sketches.highs.quantiles((0.25, 0.75))
+        return Band(
+            low=max(0.0, low_q1 - self.fence * (low_q3 - low_q1)),
+            high=high_q3 + self.fence * (high_q3 - high_q1),
+            requests=sketches.lows.seen,
+        )
+
+    def warm(self, model: str, route: str) -> bool:
+        sketches = self.state.models.get(self.key(model, route))
+        return sketches is not None and sketches.lows.seen >= self.min_requests
 
     def learn(self, model: str, route: str, values: np.ndarray) -> None:
         """Add one normal request (or chunk) to its (model, route)'s band."""

@@ -20,14 +20,19 @@ that the detector writes, as JSON, into the alert's ``baseline`` field.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from entroloop.contract.records import Alert, Event
 from entroloop.contract.settings import Settings
 from streams.entropy_bands import EntropyBands, sustained
 from streams.periodicity import find_entropy_period, find_id_period
+
+LOOP_RULE = "repetition_loop"
+"""streams.entropy_anomaly.LOOP (not imported from there: that module imports this one)."""
 
 
 @dataclass(frozen=True)
@@ -120,9 +125,11 @@ class EntropyEvidence:
             "band": band.as_dict() if band is not None else None,
         }
 
-    def learn(self, model: str, route: str, values: np.ndarray) -> None:
-        """A request (chunk) judged normal: add it to its model's band."""
-        self.bands.learn(model, route, values)
+    def learn_if_normal(self, model: str, route: str, values: np.ndarray, alerts: Sequence[Event]) -> None:
+        """Add a judged request (chunk) to its model's band: once the band exists only when nothing
+        was flagged; during warm-up unless a loop was confirmed (see streams/entropy_bands.py)."""
+        if not alerts or (not self.bands.warm(model, route) and not any(isinstance(a, Alert) and a.rule == LOOP_RULE for a in alerts)):
+            self.bands.learn(model, route, values)
 
 
 __all__ = ["EntropyEvidence", "EvidenceConfig"]
