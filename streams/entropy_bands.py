@@ -69,10 +69,16 @@ class EntropyBands:
     """Learns and serves the per-(model, route) bands."""
 
     def __init__(self, window: int = 20, min_requests: int = 20, fence: float = 1.5,
-                 half_life_requests: int = 50_000, state: BandState | None = None) -> None:
+                 half_life_requests: int = 50_000, sample_every: int = 8, state: BandState | None = None) -> None:
         self.window = window
         self.min_requests = min_requests
         self.fence = fence
+        # After 4 x min_requests a band is well established; learning one normal request in
+        # ``sample_every`` then keeps it following drift at a fraction of the cost (a rolling
+        # median per request is the most expensive step of the detector).
+        self.sample_every = sample_every
+        self._offered: dict[str, int] = {}
+        self._cache: dict[str, tuple[int, Band]] = {}
         self.half_life_requests = half_life_requests
         self.state = state or BandState()
 
@@ -82,16 +88,22 @@ class EntropyBands:
 
     def band(self, model: str, route: str) -> Band | None:
         """The band of a (model, route), or None while it has seen fewer than ``min_requests``."""
-        sketches = self.state.models.get(self.key(model, route))
+        key = self.key(model, route)
+        sketches = self.state.models.get(key)
         if sketches is None or sketches.lows.seen < self.min_requests:
             return None
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] == sketches.lows.seen:
+            return cached[1]  # quantiles change only when the sketch does
         low_q1, low_q3 = sketches.lows.quantiles((0.25, 0.75))
         high_q1, high_q3 = sketches.highs.quantiles((0.25, 0.75))
-        return Band(
+        band = Band(
             low=max(0.0, low_q1 - self.fence * (low_q3 - low_q1)),
             high=high_q3 + self.fence * (high_q3 - high_q1),
             requests=sketches.lows.seen,
         )
+        self._cache[key] = (sketches.lows.seen, band)
+        return band
 
     def warm(self, model: str, route: str) -> bool:
         sketches = self.state.models.get(self.key(model, route))
@@ -101,9 +113,14 @@ class EntropyBands:
         """Add one normal request (or chunk) to its (model, route)'s band."""
         if values.size == 0:
             return
-        rolling = sustained(values, self.window)
         key = self.key(model, route)
         sketches = self.state.models.get(key)
+        if sketches is not None and sketches.lows.seen >= 4 * self.min_requests:
+            offered = self._offered.get(key, 0) + 1
+            self._offered[key] = offered
+            if offered % self.sample_every:
+                return
+        rolling = sustained(values, self.window)
         if sketches is None:
             sketches = _ModelSketches(
                 lows=HistogramQuantileSketch(half_life=self.half_life_requests),

@@ -80,6 +80,8 @@ class EntropyEvidence:
                    start: int, end: int, offset: int) -> dict[str, Any] | None:
         """Evidence that ``values[start:end]`` (chunk coordinates) holds a loop, or None."""
         c = self.config
+        if end - start < min(c.loop_min_tokens, c.loop_min_tokens_entropy_only):
+            return None  # most static runs (a few certain tokens) end here, before any array work
         band = self.bands.band(model, route)
         run = values[start:end].astype(np.float32)
         if hashes is not None:
@@ -105,16 +107,21 @@ class EntropyEvidence:
         """Evidence that the high run ``values[start:end]`` is gibberish, or None (a normal spike)."""
         c = self.config
         window = self.bands.window
-        rolling = sustained(values, window)
-        first = max(0, start - window + 1) if rolling.size > 1 else 0
-        last = min(end - 1, rolling.size - 1) if rolling.size > 1 else 0
-        level = float(rolling[first:last + 1].max())
         band = self.bands.band(model, route)
         # Gibberish is near-uniform sampling: a sustained level no healthy model holds (the floor),
         # and above this model's own band, so a model that normally runs hot is judged by its band.
         edge = max(static_threshold, c.gibberish_floor_nats)
         if band is not None:
             edge = max(edge, band.high + c.band_margin_nats)
+        # Only the windows that overlap the run matter; a window's median is above the edge only if
+        # about half its tokens are, so a short spike is rejected before any median is taken.
+        if values.size <= window:
+            near = values
+        else:
+            near = values[max(0, start - window + 1):min(values.size, end + window - 1)]
+        if int((near > edge).sum()) < min(window, near.size) // 2:
+            return None
+        level = float(sustained(near, window).max())
         if level <= edge:
             return None
         return {
