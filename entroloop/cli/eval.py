@@ -233,7 +233,12 @@ def entropy(file: InputFile, as_json: AsJson = False, predictions: Predictions =
     """
     from entroloop.cli.common import settings_or_exit
     from entroloop.contract.ids import derived_event_id
-    from entroloop.contract.records import Alert, TokenEntropy, pack_entropies, pack_token_hashes
+    from entroloop.contract.records import (
+        Alert,
+        TokenEntropy,
+        pack_entropies,
+        pack_token_hashes,
+    )
     from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
     from streams.entropy_baseline import EntropyBaselineDetector
 

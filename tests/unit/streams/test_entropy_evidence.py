@@ -9,8 +9,7 @@ import json
 
 import numpy as np
 
-from entroloop.contract.records import Alert
-from entroloop.contract.records import pack_token_hashes
+from entroloop.contract.records import Alert, pack_token_hashes
 from entroloop.contract.settings import Settings
 from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from streams.entropy_bands import EntropyBands
