@@ -21,10 +21,20 @@ before committing it; Faust also hands prefetched records over a second time aft
 recovery). The carry remembers the runs each chunk joined, so a redelivered chunk yields the same
 alerts and leaves the carry as it was; for that, the final chunk leaves a small ``finished`` entry
 instead of deleting the key, and the TTL drops it (a tombstone under Faust) without a dead letter.
+
+With ``evidence`` (``Settings.entropy_evidence``, on by default through ``from_settings``) a static
+run is only a candidate: streams/entropy_evidence.py confirms a loop by periodic repetition (token
+ids when the record carries them, else the entropy sequence) and gibberish by a sustained level
+above the (model, route)'s own band, learned from the requests this detector did not flag. The
+alert's ``baseline`` is then a JSON object naming the evidence. A run spanning chunks is judged on
+the tokens of the chunk that closes it (earlier chunks' tokens are not carried). The bands live in
+the worker's memory, not in the carry table: a restarted worker relearns them in tens of requests,
+and a redelivered record may be learned twice (one request more in a quantile sketch).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -37,6 +47,7 @@ from entroloop.contract.records import Alert, DeadLetter, Event, TokenEntropy
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import partition_for
 from streams.base import Processor, derive
+from streams.entropy_evidence import EntropyEvidence
 from streams.table_state import TableStateSpec
 
 LOOP = "repetition_loop"
@@ -107,6 +118,7 @@ class EntropyAnomalyDetector(Processor):
         gibberish_min_run: int = 5,
         incomplete_ttl_s: float = 600.0,
         state: MutableMapping[str, EntropyCarry] | None = None,
+        evidence: EntropyEvidence | None = None,
     ) -> None:
         self.rules = (
             RunRule(LOOP, loop_threshold, loop_min_run, below=True),
@@ -119,6 +131,8 @@ class EntropyAnomalyDetector(Processor):
         # (with changelog) can stand in for this dict: an entry is only ever replaced whole
         # (``state[key] = carry``), never changed in place, so the table sees every change.
         self.state: MutableMapping[str, EntropyCarry] = state if state is not None else {}
+        # None: the static rules alone (every run of min_run tokens is an alert).
+        self.evidence = evidence
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EntropyAnomalyDetector:
@@ -128,6 +142,7 @@ class EntropyAnomalyDetector(Processor):
             gibberish_threshold=settings.gibberish_threshold_nats,
             gibberish_min_run=settings.gibberish_min_run,
             incomplete_ttl_s=settings.incomplete_request_ttl_s,
+            evidence=EntropyEvidence.from_settings(settings) if settings.entropy_evidence else None,
         )
 
     def process(self, record: Event) -> list[Event]:
@@ -155,12 +170,14 @@ class EntropyAnomalyDetector(Processor):
                 )
         alerts: list[Event] = []
         state = self.state
-        for record, runs in zip(records, per_record):
+        for index, (record, runs) in enumerate(zip(records, per_record)):
             assert isinstance(record, TokenEntropy)
             request_id = record.request_id
             # The common single-chunk request: one lookup that misses, no write.
             carry = state.get(request_id)
             if carry is None and record.final and not runs:
+                if self.evidence is not None:
+                    self.evidence.learn_if_normal(record.model, record.route, arrays[index], [])
                 continue
             carried = self._carried_into(record, carry)
             still_open: dict[str, OpenRun] = {}
@@ -168,11 +185,17 @@ class EntropyAnomalyDetector(Processor):
             for rule in self.rules:
                 closed = self._close_runs(record, rule, runs.get(rule.name, []), carried.get(rule.name), still_open)
                 for start, end, total in closed:
-                    if end - start >= rule.min_run:
-                        found.append(self._alert(record, rule, start, end, total / (end - start), len(found)))
+                    if end - start < rule.min_run:
+                        continue
+                    evidence = self._confirm(record, arrays[index], rule, start, end)
+                    if evidence is False:
+                        continue
+                    found.append(self._alert(record, rule, start, end, total / (end - start), len(found), evidence))
             alerts.extend(found)
             if carry is not None and record.chunk_index < carry.next_chunk:
                 continue  # a redelivered chunk: it changes nothing the first delivery did not
+            if self.evidence is not None:
+                self.evidence.learn_if_normal(record.model, record.route, arrays[index], found)
             if not record.final or carry is not None:
                 joined = carry.joined if carry is not None else {}
                 if carried:
@@ -190,6 +213,30 @@ class EntropyAnomalyDetector(Processor):
                     finished=record.final,
                 )
         return alerts
+
+    def _confirm(self, record: TokenEntropy, values: np.ndarray, rule: RunRule, start: int,
+                 end: int) -> dict[str, object] | None | bool:
+        """The evidence confirming the closed run [start, end) (absolute), None under the static rules
+        alone, or False when the evidence mode finds the run normal."""
+        if self.evidence is None:
+            return None
+        offset = record.first_token_index
+        local_start, local_end = max(start - offset, 0), end - offset
+        if local_end - local_start <= 0:
+            return False  # nothing of the run in this chunk to judge
+        if rule.below:
+            found = self.evidence.judge_loop(record.model, record.route, values, record.hashes(),
+                                             local_start, local_end, offset)
+        else:
+            found = self.evidence.judge_gibberish(record.model, record.route, values, local_start, local_end,
+                                                  rule.threshold)
+        if found is None:
+            return False
+        return {"rule": rule.name, "static": self._static_label(rule), **found}
+
+    @staticmethod
+    def _static_label(rule: RunRule) -> str:
+        return f"static:{'<' if rule.below else '>'}{rule.threshold}x{rule.min_run}"
 
     @staticmethod
     def _carried_into(record: TokenEntropy, carry: EntropyCarry | None) -> dict[str, OpenRun]:
@@ -280,7 +327,15 @@ class EntropyAnomalyDetector(Processor):
             ))
         return out
 
-    def _alert(self, record: TokenEntropy, rule: RunRule, start: int, end: int, mean: float, index: int) -> Alert:
+    def _alert(self, record: TokenEntropy, rule: RunRule, start: int, end: int, mean: float, index: int,
+               evidence: dict[str, object] | None = None) -> Alert:
+        detail = (f"{end - start} consecutive tokens {'below' if rule.below else 'above'} "
+                  f"{rule.threshold} nats (mean {mean:.2f})")
+        if evidence is not None and "period" in evidence:
+            detail += (f"; repeats with period {evidence['period']} x{evidence['repeats']} "
+                       f"({'token ids' if evidence['evidence'] == 'token_ids' else 'entropy sequence'})")
+        elif evidence is not None:
+            detail += f"; sustained {evidence['level']} nats > {evidence['edge']} ({evidence['evidence']})"
         return derive(
             record,
             Alert,
@@ -296,8 +351,8 @@ class EntropyAnomalyDetector(Processor):
             token_end=end,
             value=round(mean, 4),
             threshold=rule.threshold,
-            baseline=f"static:{'<' if rule.below else '>'}{rule.threshold}x{rule.min_run}",
-            detail=f"{end - start} consecutive tokens {'below' if rule.below else 'above'} "
-            f"{rule.threshold} nats (mean {mean:.2f})",
+            baseline=self._static_label(rule) if evidence is None
+            else json.dumps(evidence, separators=(",", ":"), sort_keys=True),
+            detail=detail,
             source_event_id=record.event_id,
         )

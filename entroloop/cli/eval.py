@@ -273,6 +273,107 @@ def corrections(file: InputFile, as_json: AsJson = False, predictions: Predictio
         table_rows.append(("exact label set", labelled, "", f"{figures['exact_set']:.3f}"))
     print_table(f"Bad-case labels on {file.name} ({len(lines)} lines, {labelled} labelled)",
                 ("label", "support", "precision", "recall"), table_rows)
+
+
+# --- eval entropy ------------------------------------------------------------------------------
+
+
+class EntropyLabel(msgspec.Struct):
+    loop: bool = False
+    gibberish: bool = False
+
+
+class EntropyLine(msgspec.Struct):
+    """One request: its per-token entropies (nats), optionally the sampled token ids and labels."""
+
+    model: str
+    entropy: list[float]
+    id: str | int | None = None
+    route: str = "default"
+    token_ids: list[int] | None = None
+    label: EntropyLabel | None = None
+
+    def check(self) -> str:
+        if not self.entropy:
+            return "entropy is empty (one value per generated token expected)"
+        for i, value in enumerate(self.entropy):
+            if not value >= 0 or value == float("inf"):
+                return f"entropy[{i}] = {value} is not a finite entropy >= 0 nats"
+        if self.token_ids is not None and len(self.token_ids) != len(self.entropy):
+            return f"token_ids has {len(self.token_ids)} values for {len(self.entropy)} entropies"
+        if self.token_ids is not None and any(t < 0 for t in self.token_ids):
+            return "token_ids must be >= 0"
+        return ""
+
+
+@eval_app.command("entropy")
+def entropy(file: InputFile, as_json: AsJson = False, predictions: Predictions = None) -> None:
+    """Loop and gibberish detection on labelled entropy traces: precision, recall, F1 per label.
+
+    Lines: {"id", "model", "entropy": [nats per generated token], "token_ids": [ints, optional], "label": {"loop": bool, "gibberish": bool} (optional)}; "route" optional, unknown keys ignored.
+
+    Each line is one request, fed in file order through the same detectors and settings the pipeline runs (EntropyAnomalyDetector and EntropyBaselineDetector from settings), so per-model baselines learn as they go, as they would live. Only labelled lines count in the figures; predictions: {"id", "loop", "gibberish", "alerts": [...]}.
+    """
+    from entroloop.cli.common import settings_or_exit
+    from entroloop.contract.ids import derived_event_id
+    from entroloop.contract.records import (
+        Alert,
+        TokenEntropy,
+        pack_entropies,
+        pack_token_hashes,
+    )
+    from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+    from streams.entropy_baseline import EntropyBaselineDetector
+
+    try:
+        lines = read_jsonl(file, EntropyLine)
+    except EvalInputError as exc:
+        raise fail(str(exc)) from None
+    settings = settings_or_exit()
+    detectors = (EntropyAnomalyDetector.from_settings(settings), EntropyBaselineDetector.from_settings(settings))
+    counts = {name: {"tp": 0, "fp": 0, "fn": 0, "support": 0, "predicted": 0} for name in ("loop", "gibberish")}
+    rows = []
+    start = 1_700_000_000.0
+    for number, line in enumerate(lines):
+        at = start + number * 0.001  # one request per millisecond of event time, in file order
+        request_id = f"eval-{number}-{line.id}"
+        record = TokenEntropy(
+            event_id=derived_event_id(request_id, "eval", number, at=at), emitted_at=at, node_id="eval",
+            seq=number, request_id=request_id, trace_id="0" * 31 + "1", model=line.model, route=line.route,
+            entropies=pack_entropies(line.entropy),
+            token_hashes=pack_token_hashes(line.token_ids) if line.token_ids is not None else b"",
+        )
+        alerts = [a for d in detectors for a in d.process(record) if isinstance(a, Alert)]
+        flagged = {"loop": any(a.rule == LOOP for a in alerts), "gibberish": any(a.rule == GIBBERISH for a in alerts)}
+        for name, tally in counts.items():
+            tally["predicted"] += int(flagged[name])
+            if line.label is None:
+                continue
+            truth = bool(getattr(line.label, name))
+            tally["support"] += int(truth)
+            tally["tp"] += int(truth and flagged[name])
+            tally["fp"] += int(flagged[name] and not truth)
+            tally["fn"] += int(truth and not flagged[name])
+        rows.append({"id": line.id, **flagged, "alerts": [
+            {"rule": a.rule, "token_start": a.token_start, "token_end": a.token_end, "value": round(a.value, 4),
+             "baseline": a.baseline, "detail": a.detail} for a in alerts]})
+    write_predictions(predictions, rows)
+
+    labelled = sum(1 for line in lines if line.label is not None)
+    figures: dict[str, Any] = {"requests": len(lines), "labelled": labelled}
+    for name, t in counts.items():
+        precision = ratio(t["tp"], t["tp"] + t["fp"]) if labelled else None
+        recall = ratio(t["tp"], t["support"]) if labelled else None
+        f1 = (round(2 * precision * recall / (precision + recall), 4) if precision and recall else 0.0) \
+            if labelled else None
+        figures[name] = {"precision": precision, "recall": recall, "f1": f1, "support": t["support"],
+                         "predicted": t["predicted"]}
+    print_table(
+        f"Entropy anomalies on {file.name} ({len(lines)} requests, {labelled} labelled)",
+        ("label", "support", "flagged", "precision", "recall", "f1"),
+        [(name, v["support"], v["predicted"], *("-" if v[k] is None else f"{v[k]:.3f}" for k in ("precision", "recall", "f1")))
+         for name, v in ((n, figures[n]) for n in ("loop", "gibberish"))],
+    )
     if as_json:
         emit_json(figures)
 

@@ -89,6 +89,11 @@ class TokenEntropy(Event, tag="token_entropy"):
     ``first_token_index`` is the position of the chunk's first token, ``final`` marks the last chunk).
     ``approximate`` is true when the entropy was computed from top-k logprobs (proxy mode) instead
     of the full vocabulary.
+
+    ``token_hashes`` (optional, empty when the tap does not send it) is the sampled token id of each
+    generated token (or a 32-bit hash of it), packed little-endian uint32, one per entropy: it lets
+    a detector confirm a loop by actual repetition of the tokens rather than by low entropy alone.
+    Records written before it existed decode with it empty.
     """
 
     model: str
@@ -99,6 +104,7 @@ class TokenEntropy(Event, tag="token_entropy"):
     first_token_index: Count32 = 0
     final: bool = True
     approximate: bool = False
+    token_hashes: bytes = b""
 
     topic: ClassVar[str] = "entroloop.tokens.v1"
 
@@ -115,10 +121,19 @@ class TokenEntropy(Event, tag="token_entropy"):
             if bad.size:
                 value = float(bad.view("<f2")[0])
                 raise ValueError("entropies contain NaN or Inf" if not np.isfinite(value) else "entropies must be >= 0 nats")
+        if self.token_hashes and len(self.token_hashes) != 2 * len(self.entropies):
+            raise ValueError(
+                f"token_hashes must be one packed uint32 per token ({len(self.entropies) // 2} tokens, "
+                f"{len(self.token_hashes)} bytes of hashes)"
+            )
 
     def values(self) -> np.ndarray:
         """The entropies as a float16 numpy view (no copy)."""
         return np.frombuffer(self.entropies, dtype="<f2")
+
+    def hashes(self) -> np.ndarray | None:
+        """The token ids/hashes as a uint32 numpy view, or None when the record carries none."""
+        return np.frombuffer(self.token_hashes, dtype="<u4") if self.token_hashes else None
 
     @property
     def n_tokens(self) -> int:
@@ -128,6 +143,13 @@ class TokenEntropy(Event, tag="token_entropy"):
 def pack_entropies(values: np.ndarray | list[float]) -> bytes:
     """Pack entropies (nats) into the wire format: little-endian float16, 2 bytes per token."""
     return np.asarray(values, dtype="<f2").tobytes()
+
+
+def pack_token_hashes(ids: np.ndarray | list[int]) -> bytes:
+    """Pack sampled token ids (or hashes) into the wire format: little-endian uint32, 4 bytes per token.
+
+    Ids are taken modulo 2**32 so a vocabulary id or any 64-bit hash fits."""
+    return (np.asarray(ids, dtype=np.int64) & 0xFFFFFFFF).astype("<u4").tobytes()
 
 
 class Span(Event, tag="span"):
@@ -385,4 +407,5 @@ __all__ = [
     "Health",
     "DeadLetter",
     "pack_entropies",
+    "pack_token_hashes",
 ]

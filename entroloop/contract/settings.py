@@ -126,6 +126,39 @@ class Settings(BaseSettings):
         4.5, gt=0, description="Gibberish: tokens above this entropy (nats) ..."
     )
     gibberish_min_run: int = Field(5, ge=1, description="... for at least this many consecutive tokens.")
+    entropy_evidence: bool = Field(
+        False, description="Entropy anomalies need evidence beyond the static run: a loop needs periodic "
+        "repetition (of the token ids when the tap sends them, else of the entropy sequence), gibberish a "
+        "sustained level above the (model, route)'s own learned band. False (the default until the tap and "
+        "the synthetic fleet send token ids and truly repeating loops): the static rules alone."
+    )
+    loop_max_period: int = Field(12, ge=1, description="Loop evidence: longest repeating cycle looked for (tokens).")
+    loop_min_repeats: float = Field(3.0, ge=2, description="Loop evidence: the cycle must repeat at least this often ...")
+    loop_min_tokens: int = Field(
+        16, ge=2, description="... over at least this many tokens (token ids known)."
+    )
+    loop_min_tokens_entropy_only: int = Field(
+        24, ge=2, description="... or this many when only entropies are known (a repeating entropy is weaker evidence)."
+    )
+    loop_entropy_tolerance_nats: float = Field(
+        0.08, ge=0, description="Entropy-only loops: two entropies one period apart match within this ..."
+    )
+    loop_entropy_tolerance_relative: float = Field(
+        0.15, ge=0, description="... plus this fraction of the larger one."
+    )
+    entropy_band_window: int = Field(
+        20, ge=1, description="Per-model bands: tokens in the rolling median that measures sustained entropy."
+    )
+    entropy_band_min_requests: int = Field(
+        20, ge=1, description="Per-model bands: normal requests a (model, route) needs before its band is used."
+    )
+    entropy_band_margin_nats: float = Field(
+        0.5, ge=0, description="Per-model bands: gibberish needs a sustained level this far above the band's high edge."
+    )
+    gibberish_floor_nats: float = Field(
+        6.5, gt=0, description="Gibberish: the sustained level must exceed this floor (near-uniform sampling), and, once the "
+        "(model, route) has a band, its band's high edge plus the margin."
+    )
     incomplete_request_ttl_s: float = Field(
         600.0, gt=0, description="A request whose final entropy chunk has not arrived this long (event "
         "time) after its last chunk becomes a dead letter with the reason."

@@ -47,7 +47,9 @@ def read_token_messages(bootstrap: str, prefix: str) -> list:  # type: ignore[ty
 def published_entropy_alerts(bootstrap: str, prefix: str) -> list[Alert]:
     """The alerts the detector gives in-process for the TokenEntropy records really published
     (read back from the topic: the fleet's ids are random, the derived ids are not)."""
-    detector = EntropyAnomalyDetector.from_settings(Settings())
+    # The static rules: the fleet's loops are iid low entropies without repeating tokens, so the
+    # evidence mode (streams/entropy_evidence.py) would confirm none; this test is about transport.
+    detector = EntropyAnomalyDetector.from_settings(Settings(entropy_evidence=False))
     tokens = [codec.decode(m.value()) for m in read_token_messages(bootstrap, prefix)]
     assert tokens, "the fleet published no TokenEntropy records"
     return [a for a in detector.process_batch(tokens) if isinstance(a, Alert)]
@@ -103,6 +105,9 @@ def start_worker(bootstrap: str, prefix: str, tmp: Path) -> tuple[WorkerProcess,
         "ENTROLOOP_STREAMS_SESSION_TIMEOUT_S": "6",
         "ENTROLOOP_STREAMS_BATCH_SIZE": "200",
         "ENTROLOOP_STREAMS_COMMIT_INTERVAL_S": "0.5",
+        # Static entropy rules, as the in-process reference uses: the evidence mode's per-model bands
+        # depend on processing order, and the fleet's loops do not repeat tokens.
+        "ENTROLOOP_ENTROPY_EVIDENCE": "false",
     }
     worker = WorkerProcess(tmp, "entroloop.cli", "worker", "--loglevel", "info", env=env)
     return worker, worker.log_path

@@ -1,0 +1,142 @@
+"""Whether a static entropy run is a real loop or real gibberish, and the evidence that says so.
+
+The static rules (streams/entropy_anomaly.py) find runs of low or high entropy. On their own they
+flag the normal text of a low-temperature code model as loops (it is nearly certain of most
+tokens) and the normal spikes of a chatty or creative model as gibberish. This module judges each
+static run before it becomes an alert:
+
+- loop: the run must contain a periodic stretch (period <= ``loop_max_period``, repeated at least
+  ``loop_min_repeats`` times over ``loop_min_tokens`` tokens): of the sampled token ids when the
+  record carries them, else of the entropy sequence (with more tokens required, and, once the
+  (model, route) has a band, a stretch below the model's own lowest sustained entropy);
+- gibberish: the sustained entropy (rolling median over the band window) around the run must exceed
+  an absolute floor (``gibberish_floor_nats``: near-uniform sampling, a level no healthy model
+  sustains) and, once the band exists, the model's own band (its high edge plus a margin), so a
+  model that normally runs hot is not gibberish.
+
+The evidence that fired (rule, repetition period and repeats, band, level) is returned as a dict
+that the detector writes, as JSON, into the alert's ``baseline`` field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from entroloop.contract.records import Alert, Event
+from entroloop.contract.settings import Settings
+from streams.entropy_bands import EntropyBands, sustained
+from streams.periodicity import find_entropy_period, find_id_period
+
+LOOP_RULE = "repetition_loop"
+"""streams.entropy_anomaly.LOOP (not imported from there: that module imports this one)."""
+
+
+@dataclass(frozen=True)
+class EvidenceConfig:
+    """The evidence thresholds (``Settings`` documents each)."""
+
+    loop_max_period: int = 12
+    loop_min_repeats: float = 3.0
+    loop_min_tokens: int = 16
+    loop_min_tokens_entropy_only: int = 24
+    loop_entropy_tolerance_nats: float = 0.08
+    loop_entropy_tolerance_relative: float = 0.15
+    band_margin_nats: float = 0.5
+    gibberish_floor_nats: float = 6.5
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EvidenceConfig:
+        return cls(
+            loop_max_period=settings.loop_max_period,
+            loop_min_repeats=settings.loop_min_repeats,
+            loop_min_tokens=settings.loop_min_tokens,
+            loop_min_tokens_entropy_only=settings.loop_min_tokens_entropy_only,
+            loop_entropy_tolerance_nats=settings.loop_entropy_tolerance_nats,
+            loop_entropy_tolerance_relative=settings.loop_entropy_tolerance_relative,
+            band_margin_nats=settings.entropy_band_margin_nats,
+            gibberish_floor_nats=settings.gibberish_floor_nats,
+        )
+
+
+class EntropyEvidence:
+    """Judges static runs against repetition and the per-(model, route) bands."""
+
+    def __init__(self, config: EvidenceConfig | None = None, bands: EntropyBands | None = None) -> None:
+        self.config = config or EvidenceConfig()
+        self.bands = bands or EntropyBands()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EntropyEvidence:
+        return cls(
+            EvidenceConfig.from_settings(settings),
+            EntropyBands(window=settings.entropy_band_window, min_requests=settings.entropy_band_min_requests),
+        )
+
+    def judge_loop(self, model: str, route: str, values: np.ndarray, hashes: np.ndarray | None,
+                   start: int, end: int, offset: int) -> dict[str, Any] | None:
+        """Evidence that ``values[start:end]`` (chunk coordinates) holds a loop, or None."""
+        c = self.config
+        if end - start < min(c.loop_min_tokens, c.loop_min_tokens_entropy_only):
+            return None  # most static runs (a few certain tokens) end here, before any array work
+        band = self.bands.band(model, route)
+        run = values[start:end].astype(np.float32)
+        if hashes is not None:
+            found = find_id_period(hashes[start:end], run, c.loop_max_period, c.loop_min_repeats, c.loop_min_tokens)
+        else:
+            found = find_entropy_period(run, c.loop_max_period, c.loop_min_repeats, c.loop_min_tokens_entropy_only,
+                                        c.loop_entropy_tolerance_nats, c.loop_entropy_tolerance_relative)
+        if found is None:
+            return None
+        mean = float(run[found.start:found.end].mean())
+        return {
+            "evidence": "token_ids" if found.source == "token_ids" else "entropy_periodicity",
+            "period": found.period,
+            "repeats": round(found.repeats, 1),
+            "stretch": [offset + start + found.start, offset + start + found.end],
+            "stretch_mean": round(mean, 3),
+            "autocorrelation": round(found.autocorrelation, 3),
+            "band": band.as_dict() if band is not None else None,
+        }
+
+    def judge_gibberish(self, model: str, route: str, values: np.ndarray, start: int, end: int,
+                        static_threshold: float) -> dict[str, Any] | None:
+        """Evidence that the high run ``values[start:end]`` is gibberish, or None (a normal spike)."""
+        c = self.config
+        window = self.bands.window
+        band = self.bands.band(model, route)
+        # Gibberish is near-uniform sampling: a sustained level no healthy model holds (the floor),
+        # and above this model's own band, so a model that normally runs hot is judged by its band.
+        edge = max(static_threshold, c.gibberish_floor_nats)
+        if band is not None:
+            edge = max(edge, band.high + c.band_margin_nats)
+        # Only the windows that overlap the run matter; a window's median is above the edge only if
+        # about half its tokens are, so a short spike is rejected before any median is taken.
+        if values.size <= window:
+            near = values
+        else:
+            near = values[max(0, start - window + 1):min(values.size, end + window - 1)]
+        if int((near > edge).sum()) < min(window, near.size) // 2:
+            return None
+        level = float(sustained(near, window).max())
+        if level <= edge:
+            return None
+        return {
+            "evidence": "sustained_level" if band is None else "above_band",
+            "level": round(level, 3),
+            "edge": round(edge, 3),
+            "window": window,
+            "band": band.as_dict() if band is not None else None,
+        }
+
+    def learn_if_normal(self, model: str, route: str, values: np.ndarray, alerts: Sequence[Event]) -> None:
+        """Add a judged request (chunk) to its model's band: once the band exists only when nothing
+        was flagged; during warm-up unless a loop was confirmed (see streams/entropy_bands.py)."""
+        if not alerts or (not self.bands.warm(model, route) and not any(isinstance(a, Alert) and a.rule == LOOP_RULE for a in alerts)):
+            self.bands.learn(model, route, values)
+
+
+__all__ = ["EntropyEvidence", "EvidenceConfig"]

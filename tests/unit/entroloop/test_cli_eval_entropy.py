@@ -1,0 +1,140 @@
+"""`entroloop eval entropy FILE.jsonl [--json] [--predictions OUT]` on small files, bad lines, and
+the independent corpora in tests/data/entropy (the held-out figures are the ones docs report)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from entroloop.cli import app
+
+runner = CliRunner()
+CORPUS = Path(__file__).resolve().parents[2] / "data" / "entropy"
+
+LOOP_IDS = [11, 12, 13] * 20
+LOOP_ENTROPY = [0.3, 0.1, 0.6] * 20
+NORMAL = [3.1, 3.8, 2.9, 3.5, 4.0, 3.3, 2.7, 3.6, 3.9, 3.2] * 6
+GIBBERISH = [3.1, 3.5, 2.9] * 5 + [7.9, 8.8, 9.4, 7.2, 8.1, 9.9, 8.4, 7.7] * 6
+
+
+@pytest.fixture(autouse=True)
+def _evidence_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evidence mode is opt-in (the fleet's loops repeat nothing yet); these tests measure it."""
+    monkeypatch.setenv("ENTROLOOP_ENTROPY_EVIDENCE", "true")
+
+
+def _write(path: Path, lines: list[object]) -> Path:
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _run(*args: str):
+    return runner.invoke(app, ["eval", "entropy", *args])
+
+
+def _labelled(tmp_path: Path) -> Path:
+    return _write(tmp_path / "labelled.jsonl", [
+        {"id": "loop", "model": "m", "entropy": LOOP_ENTROPY, "token_ids": LOOP_IDS,
+         "label": {"loop": True, "gibberish": False}, "source": "ignored"},
+        {"id": "normal", "model": "m", "entropy": NORMAL, "token_ids": list(range(60)),
+         "label": {"loop": False, "gibberish": False}},
+        {"id": "gib", "model": "m", "entropy": GIBBERISH, "label": {"loop": False, "gibberish": True}},
+        {"id": "missed", "model": "m", "entropy": NORMAL, "label": {"loop": True, "gibberish": False}},
+    ])
+
+
+def test_labelled_lines_give_precision_recall_f1_as_the_last_json_line(tmp_path: Path) -> None:
+    out = tmp_path / "pred.jsonl"
+    result = _run(str(_labelled(tmp_path)), "--json", "--predictions", str(out))
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["requests"] == 4
+    assert figures["loop"] == {"precision": 1.0, "recall": 0.5, "f1": 0.6667, "support": 2, "predicted": 1}
+    assert figures["gibberish"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 1, "predicted": 1}
+    assert "loop" in result.stdout and "precision" in result.stdout  # the table
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["loop"], r["gibberish"]) for r in rows] == [
+        ("loop", True, False), ("normal", False, False), ("gib", False, True), ("missed", False, False)]
+    (alert,) = rows[0]["alerts"]
+    evidence = json.loads(alert["baseline"])
+    assert alert["rule"] == "repetition_loop" and evidence["period"] == 3 and evidence["evidence"] == "token_ids"
+
+
+def test_lines_without_labels_still_give_predictions(tmp_path: Path) -> None:
+    data = _write(tmp_path / "unlabelled.jsonl", [
+        {"id": 1, "model": "m", "entropy": LOOP_ENTROPY}, "", {"model": "m", "entropy": NORMAL}])
+    out = tmp_path / "pred.jsonl"
+    result = _run(str(data), "--json", "--predictions", str(out))
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["requests"] == 2 and figures["labelled"] == 0
+    assert figures["loop"]["precision"] is None and figures["loop"]["predicted"] == 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["loop"]) for r in rows] == [(1, True), (None, False)]
+    assert json.loads(rows[0]["alerts"][0]["baseline"])["evidence"] == "entropy_periodicity"
+
+
+def test_without_json_no_json_line(tmp_path: Path) -> None:
+    result = _run(str(_labelled(tmp_path)))
+    assert result.exit_code == 0 and "gibberish" in result.stdout
+    assert not result.stdout.strip().splitlines()[-1].startswith("{")
+
+
+@pytest.mark.parametrize(
+    ("lines", "line_no", "words"),
+    [
+        ([{"model": "m", "entropy": [1.0]}, "{not json"], 2, ["not valid JSON"]),
+        ([{"entropy": [1.0]}], 1, ["model"]),
+        ([{"model": "m", "entropy": [1.0]}, {"model": "m", "entropy": [1.0, -2.0]}], 2, ["entropy[1]", ">= 0"]),
+        ([{"model": "m", "entropy": [1.0, 2.0], "token_ids": [1]}], 1, ["token_ids", "2 entropies"]),
+        ([{"model": "m", "entropy": []}], 1, ["empty"]),
+        ([{"model": "m", "entropy": [1.0], "label": {"loop": "yes"}}], 1, ["loop"]),
+        (["[1, 2]"], 1, ["JSON object"]),
+    ],
+)
+def test_a_bad_line_exits_2_naming_its_line(tmp_path: Path, lines: list[object], line_no: int, words: list[str]) -> None:
+    data = _write(tmp_path / "bad.jsonl", lines)
+    result = _run(str(data))
+    assert result.exit_code == 2, result.output
+    assert f"bad.jsonl:{line_no}" in result.output.replace("\n", "")
+    for word in words:
+        assert word in result.output.replace("\n", "")
+    assert "Traceback" not in result.output
+
+
+def _figures(path: Path, with_ids: bool, tmp_path: Path, env: dict[str, str] | None = None) -> dict:
+    if not with_ids:
+        stripped = tmp_path / f"{path.stem}-entropy-only.jsonl"
+        with path.open() as src, stripped.open("w") as dst:
+            for line in src:
+                row = json.loads(line)
+                row.pop("token_ids", None)
+                dst.write(json.dumps(row) + "\n")
+        path = stripped
+    result = runner.invoke(app, ["eval", "entropy", str(path), "--json"], env=env or {})
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_the_held_out_corpus(with_ids: bool, tmp_path: Path) -> None:
+    """Reported figures (thresholds were tuned on dev.jsonl only). Issue 14's target with ids is
+    0.95/0.95: loops meet it, gibberish precision is 0.948 (see docs/processors.md)."""
+    figures = _figures(CORPUS / "held_out.jsonl", with_ids, tmp_path)
+    assert figures["requests"] == 700
+    assert figures["loop"]["precision"] >= 0.98 and figures["loop"]["recall"] >= 0.97
+    assert figures["gibberish"]["precision"] >= 0.94 and figures["gibberish"]["recall"] >= 0.99
+
+
+def test_the_static_rules_alone_fail_on_the_held_out_corpus(tmp_path: Path) -> None:
+    """The comparison the evidence must win: the literal rules flag normal low- and high-band text."""
+    figures = _figures(CORPUS / "held_out.jsonl", True, tmp_path, env={"ENTROLOOP_ENTROPY_EVIDENCE": "false"})
+    assert figures["loop"]["precision"] < 0.5 and figures["gibberish"]["precision"] < 0.5
+
+
+def test_the_dev_corpus_it_was_tuned_on(tmp_path: Path) -> None:
+    figures = _figures(CORPUS / "dev.jsonl", False, tmp_path)
+    assert figures["loop"]["f1"] == 1.0 and figures["gibberish"]["f1"] == 1.0
