@@ -273,6 +273,8 @@ def corrections(file: InputFile, as_json: AsJson = False, predictions: Predictio
         table_rows.append(("exact label set", labelled, "", f"{figures['exact_set']:.3f}"))
     print_table(f"Bad-case labels on {file.name} ({len(lines)} lines, {labelled} labelled)",
                 ("label", "support", "precision", "recall"), table_rows)
+    if as_json:
+        emit_json(figures)
 
 
 # --- eval entropy ------------------------------------------------------------------------------
