@@ -156,7 +156,16 @@ class Gateway:
         return headers.get(HEADER_TENANT, "")
 
     async def audited(self, request: Request) -> Response:
-        """Chat and text completions: forward with correlation ids, then audit."""
+        """Chat and text completions: forward with correlation ids, then audit.
+
+        Every answer (streamed or not, the engine's errors and the gateway's own) carries
+        ``X-Request-Id``: the id its records use, which a client cites in ``POST /v1/feedback``."""
+        request_id = request.headers.get(HEADER_REQUEST_ID) or uuid7()
+        response = await self._audited(request, request_id)
+        response.headers["X-Request-Id"] = request_id  # replaces any the engine sent
+        return response
+
+    async def _audited(self, request: Request, request_id: str) -> Response:
         try:
             body = parse_body(await request.body(), request.url.path)
         except InvalidRequest as exc:
@@ -168,7 +177,7 @@ class Gateway:
             body=body,
             headers=headers,
             trace=trace,
-            request_id=headers.get(HEADER_REQUEST_ID) or uuid7(),
+            request_id=request_id,
             span_id=new_span_id(),
             engine=await self.engine(),
             start=time.time(),
