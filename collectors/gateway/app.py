@@ -9,7 +9,8 @@ Every request passes, in this order and before its body is read:
 
 Then ``POST /v1/chat/completions`` and ``POST /v1/completions`` go to the audited proxy
 (``completions.py``: parameter checks, correlation ids, approximate entropy, Audit/Span records) and
-every other path is forwarded unchanged (``passthrough.py``).
+``POST /v1/feedback`` publishes a Feedback record (``feedback.py``), and every other path is
+forwarded unchanged (``passthrough.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.routing import Route
 from collectors.gateway.auth import AuthMiddleware, GatewayConfigError
 from collectors.gateway.completions import AUDITED_PATHS, Gateway, Publish
 from collectors.gateway.config import GatewayConfig
+from collectors.gateway.feedback import FEEDBACK_PATH, FeedbackEndpoint
 from collectors.gateway.limits import BodyLimitMiddleware
 from collectors.gateway.routing import RoutingTable
 from entroloop.contract.settings import Settings
@@ -60,6 +62,8 @@ def create_app(
             await gateway.aclose()
 
     routes = [Route(path, gateway.audited, methods=["POST"]) for path in AUDITED_PATHS]
+    feedback = FeedbackEndpoint(publish, redactor, gateway.stamper, config.feedback_rate_per_min)
+    routes.append(Route(FEEDBACK_PATH, feedback.handle, methods=["POST"]))
     routes.append(Route("/{path:path}", gateway.proxy, methods=_METHODS))
     middleware = [  # the first listed runs first
         Middleware(AuthMiddleware, policy=policy),
@@ -67,6 +71,7 @@ def create_app(
     ]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.gateway = gateway
+    app.state.feedback = feedback
     return app
 
 

@@ -28,6 +28,7 @@ class GatewayConfig:
     upstream_api_key: str = field(default="", repr=False)  # never in a repr, so never in a log line
     max_body_bytes: int = 2 << 20
     max_record_bytes: int = 1 << 20  # an Audit over this is published in parts
+    feedback_rate_per_min: float = 60.0  # POST /v1/feedback per (tenant, user) and minute
 
     def access_policy(self) -> AccessPolicy:
         """The access rule (raises ``GatewayConfigError`` for a setting that cannot work)."""
@@ -51,6 +52,7 @@ class GatewayConfig:
             "upstream_api_key": settings.gateway_upstream_api_key.get_secret_value(),
             "max_body_bytes": settings.gateway_max_body_bytes,
             "max_record_bytes": settings.max_record_bytes,
+            "feedback_rate_per_min": settings.gateway_feedback_rate_per_min,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -479,6 +479,11 @@ class Settings(BaseSettings):
         2 << 20, ge=1024,
         description="Largest request body the gateway accepts; larger ones get 413 before being read whole.",
     )
+    gateway_feedback_rate_per_min: float = Field(
+        60.0, gt=0,
+        description="Feedback posts (POST /v1/feedback) each (tenant, user) may send per minute: a token bucket "
+        "of this size refilled at this rate; over it the gateway answers 429 with Retry-After.",
+    )
 
     # --- gateway adapter routing (issue 7: canary and promoted LoRA adapters on live traffic) ----
     gateway_adapter_routing: bool = Field(
