@@ -17,6 +17,7 @@ bad-case joiner uses. The API key is required (``auth.py``); its tenant goes int
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -32,6 +33,8 @@ from collectors.gateway.completions import Publish
 from entroloop.contract.ids import NodeStamper, derived_event_id, uuid7
 from entroloop.contract.records import RATING_MAX, RATING_MIN, Feedback
 from entroloop.infra.pii import PiiRedactor
+
+log = logging.getLogger(__name__)
 
 FEEDBACK_PATH = "/v1/feedback"
 MAX_TEXT_CHARS = 64 * 1024
@@ -153,6 +156,7 @@ class FeedbackEndpoint:
         try:
             self.publish(record)
         except Exception:
+            log.exception("entroloop gateway: feedback %s for request %s not published", feedback_id, body.request_id)
             return _error(503, "the feedback could not be published; retry with the same feedback_id", "gateway")
         self.published += 1
         return JSONResponse({"feedback_id": feedback_id, "event_id": event_id, "request_id": body.request_id}, 202)

@@ -4,7 +4,6 @@ driven against the real gateway app served by uvicorn where it matters."""
 
 from __future__ import annotations
 
-
 import httpx
 import pytest
 from starlette.testclient import TestClient
@@ -54,15 +53,15 @@ def test_every_completion_response_carries_the_request_id_its_records_use() -> N
     published: list = []
     with FakeUpstream(vllm=True) as upstream:
         upstream.missing.add("gone-model")
-        with ServedApp(create_app(_config(upstream.url), published.append, PiiRedactor(REDACTOR_KEY)), "gateway") as gw:
-            with httpx.Client(base_url=gw.url, headers=ACME, timeout=10) as http:
-                plain = http.post("/v1/chat/completions", json=CHAT)
-                text = http.post("/v1/completions", json={"model": "base-m", "prompt": "hi", "max_tokens": 2})
-                with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as streamed:
-                    streamed.read()
-                mine = http.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "client-chosen-1"})
-                engine_error = http.post("/v1/chat/completions", json={**CHAT, "model": "gone-model"})
-                gateway_error = http.post("/v1/chat/completions", content=b"{not json")
+        app = create_app(_config(upstream.url), published.append, PiiRedactor(REDACTOR_KEY))
+        with ServedApp(app, "gateway") as gw, httpx.Client(base_url=gw.url, headers=ACME, timeout=10) as http:
+            plain = http.post("/v1/chat/completions", json=CHAT)
+            text = http.post("/v1/completions", json={"model": "base-m", "prompt": "hi", "max_tokens": 2})
+            with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as streamed:
+                streamed.read()
+            mine = http.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "client-chosen-1"})
+            engine_error = http.post("/v1/chat/completions", json={**CHAT, "model": "gone-model"})
+            gateway_error = http.post("/v1/chat/completions", content=b"{not json")
     for answer in (plain, text, streamed, mine):
         assert answer.status_code == 200
     assert engine_error.status_code == 404 and gateway_error.status_code == 400
@@ -218,3 +217,22 @@ def test_the_client_round_trip_against_the_served_gateway() -> None:
     feedbacks = _feedbacks(published)
     assert [f.event_id for f in feedbacks] == [receipt.event_id] * 2
     assert feedbacks[0].request_id == request_id and "13800138000" not in feedbacks[0].corrected_answer
+
+
+def test_a_publisher_failure_gets_503_and_the_retry_keeps_the_event_id() -> None:
+    published: list = []
+    failures = [RuntimeError("queue full")]
+
+    def publish(record: object) -> None:
+        if failures:
+            raise failures.pop()
+        published.append(record)
+
+    body = {"request_id": "r", "rating": 0, "feedback_id": "fb-503"}
+    with TestClient(create_app(_config(), publish, PiiRedactor(REDACTOR_KEY),
+                               transport=httpx.MockTransport(_engine))) as client:
+        failed = client.post("/v1/feedback", json=body, headers=ACME)
+        retried = client.post("/v1/feedback", json=body, headers=ACME)
+    assert failed.status_code == 503 and "feedback_id" in failed.json()["error"]["message"]
+    assert retried.status_code == 202
+    assert [r.event_id for r in _feedbacks(published)] == [feedback_event_id("acme", "fb-503")]
