@@ -3,6 +3,8 @@ OpenAI-compatible engine, assembled from its parts.
 
 Every request passes, in this order and before its body is read:
 
+0. ``request_ids.RequestIdMiddleware``: completion requests get their request id (the client's
+   ``X-Request-Id``, else a UUIDv7), returned in ``X-Request-Id`` on every response, refusals included;
 1. ``auth.AuthMiddleware``: API keys per tenant; admin paths need an admin tenant's key and are
    refused when no key is configured; inference paths need a key when keys are configured;
 2. ``limits.BodyLimitMiddleware``: a body over ``ENTROLOOP_GATEWAY_MAX_BODY_BYTES`` gets 413.
@@ -30,6 +32,7 @@ from collectors.gateway.completions import AUDITED_PATHS, Gateway, Publish
 from collectors.gateway.config import GatewayConfig
 from collectors.gateway.feedback import FEEDBACK_PATH, FeedbackEndpoint
 from collectors.gateway.limits import BodyLimitMiddleware
+from collectors.gateway.request_ids import RequestIdMiddleware
 from collectors.gateway.routing import RoutingTable
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor, redactor_for_service
@@ -66,6 +69,7 @@ def create_app(
     routes.append(Route(FEEDBACK_PATH, feedback.handle, methods=["POST"]))
     routes.append(Route("/{path:path}", gateway.proxy, methods=_METHODS))
     middleware = [  # the first listed runs first
+        Middleware(RequestIdMiddleware, paths=AUDITED_PATHS),  # so refusals carry X-Request-Id too
         Middleware(AuthMiddleware, policy=policy),
         Middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes),
     ]

@@ -160,7 +160,8 @@ class Gateway:
 
         Every answer (streamed or not, the engine's errors and the gateway's own) carries
         ``X-Request-Id``: the id its records use, which a client cites in ``POST /v1/feedback``."""
-        request_id = request.headers.get(HEADER_REQUEST_ID) or uuid7()
+        # RequestIdMiddleware chose the id (and sets the response header); called without it, as here.
+        request_id = getattr(request.state, "request_id", None) or request.headers.get(HEADER_REQUEST_ID) or uuid7()
         response = await self._audited(request, request_id)
         response.headers["X-Request-Id"] = request_id  # replaces any the engine sent
         return response

@@ -86,6 +86,18 @@ def test_the_gateway_request_id_replaces_one_the_engine_sent_and_an_unreachable_
     assert down.status_code == 502 and down.headers["x-request-id"] == "r-down"
 
 
+def test_the_gateway_refusals_of_a_completion_carry_a_request_id_too() -> None:
+    with _client([], max_body_bytes=2048) as client:
+        no_key = client.post("/v1/chat/completions", json=CHAT)
+        bad_key = client.post("/v1/chat/completions", json=CHAT, headers={"X-API-Key": "x" * 20, "X-Request-Id": "r-403"})
+        too_big = client.post("/v1/completions", content=b"x" * 4096, headers=ACME)
+        models = client.get("/v1/models", headers=ACME)
+    assert (no_key.status_code, bad_key.status_code, too_big.status_code) == (401, 403, 413)
+    assert len(no_key.headers["x-request-id"]) == 36 and bad_key.headers["x-request-id"] == "r-403"
+    assert len(too_big.headers["x-request-id"]) == 36
+    assert "x-request-id" not in models.headers  # only the completion paths are given one
+
+
 # --- POST /v1/feedback -----------------------------------------------------------------------------
 def test_feedback_is_accepted_and_published_redacted_and_pseudonymised() -> None:
     published: list = []
