@@ -8,26 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from entroloop.cli import app
+from tests.unit.entroloop.eval_files import run_eval, write_lines
 
-runner = CliRunner()
 CORPUS = Path(__file__).resolve().parents[2] / "data" / "corrections"
 
 
-def _write(path: Path, lines: list[object]) -> Path:
-    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x, ensure_ascii=False) for x in lines) + "\n",
-                    encoding="utf-8")
-    return path
-
-
-def _run(*args: str):
-    return runner.invoke(app, ["eval", "corrections", *args], env={"ENTROLOOP_PII_HASH_KEY": "eval-test-key-0123456789"})
-
-
 def test_labelled_lines_give_exact_set_and_per_label_figures_as_the_last_json_line(tmp_path: Path) -> None:
-    data = _write(tmp_path / "labelled.jsonl", [
+    data = write_lines(tmp_path / "labelled.jsonl", [
         {"id": "a", "prompt": "运费", "output": "运费为8元。", "corrected": "运费为8.00元。", "labels": ["amount_format"],
          "source": "ignored"},
         "",
@@ -37,7 +25,7 @@ def test_labelled_lines_give_exact_set_and_per_label_figures_as_the_last_json_li
         {"prompt": "余额", "output": "余额为100.00元。", "corrected": "余额为120.00元。", "labels": ["amount_format"]},
     ])
     out = tmp_path / "predictions.jsonl"
-    result = _run(str(data), "--json", "--predictions", str(out))
+    result = run_eval("corrections", str(data), "--json", "--predictions", str(out))
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["exact_set"] == round(2 / 3, 4) and figures["lines"] == 3 and figures["labelled"] == 3
@@ -53,12 +41,12 @@ def test_labelled_lines_give_exact_set_and_per_label_figures_as_the_last_json_li
 
 
 def test_lines_without_labels_still_give_predictions(tmp_path: Path) -> None:
-    data = _write(tmp_path / "plain.jsonl", [
+    data = write_lines(tmp_path / "plain.jsonl", [
         {"id": "x", "prompt": "p", "output": "这款基金稳赚，放心买", "corrected": "基金有风险，投资需谨慎"},
         {"prompt": "p", "output": "ok", "corrected": "ok."},
     ])
     out = tmp_path / "p.jsonl"
-    result = _run(str(data), "--json", "--predictions", str(out))
+    result = run_eval("corrections", str(data), "--json", "--predictions", str(out))
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures == {"exact_set": 0.0, "per_label": {}, "lines": 2, "labelled": 0}
@@ -82,8 +70,8 @@ def test_lines_without_labels_still_give_predictions(tmp_path: Path) -> None:
 )
 def test_a_bad_line_exits_2_naming_the_line(tmp_path: Path, line: str, message: str) -> None:
     good = json.dumps({"prompt": "p", "output": "a", "corrected": "b"})
-    data = _write(tmp_path / "bad.jsonl", [good, line])
-    result = _run(str(data))
+    data = write_lines(tmp_path / "bad.jsonl", [good, line])
+    result = run_eval("corrections", str(data))
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
 
@@ -92,7 +80,7 @@ def test_a_bad_line_exits_2_naming_the_line(tmp_path: Path, line: str, message: 
 def test_hand_written_corpora_meet_the_reported_figures(name: str, floor: float) -> None:
     """dev: tuned on (reported 0.985); held-out: measured once after the labeller was frozen
     (reported 0.964), the issue's target is >= 0.90 on >= 100 cases. A regression below fails."""
-    result = _run(str(CORPUS / name), "--json")
+    result = run_eval("corrections", str(CORPUS / name), "--json")
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["labelled"] >= (100 if name == "heldout.jsonl" else 60)

@@ -7,11 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from entroloop.cli import app
+from tests.unit.entroloop.eval_files import run_eval, write_lines
 
-runner = CliRunner()
 CORPUS = Path(__file__).resolve().parents[2] / "data" / "entropy"
 
 LOOP_IDS = [11, 12, 13] * 20
@@ -26,17 +24,8 @@ def _evidence_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENTROLOOP_ENTROPY_EVIDENCE", "true")
 
 
-def _write(path: Path, lines: list[object]) -> Path:
-    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n", encoding="utf-8")
-    return path
-
-
-def _run(*args: str):
-    return runner.invoke(app, ["eval", "entropy", *args])
-
-
 def _labelled(tmp_path: Path) -> Path:
-    return _write(tmp_path / "labelled.jsonl", [
+    return write_lines(tmp_path / "labelled.jsonl", [
         {"id": "loop", "model": "m", "entropy": LOOP_ENTROPY, "token_ids": LOOP_IDS,
          "label": {"loop": True, "gibberish": False}, "source": "ignored"},
         {"id": "normal", "model": "m", "entropy": NORMAL, "token_ids": list(range(60)),
@@ -48,7 +37,7 @@ def _labelled(tmp_path: Path) -> Path:
 
 def test_labelled_lines_give_precision_recall_f1_as_the_last_json_line(tmp_path: Path) -> None:
     out = tmp_path / "pred.jsonl"
-    result = _run(str(_labelled(tmp_path)), "--json", "--predictions", str(out))
+    result = run_eval("entropy", str(_labelled(tmp_path)), "--json", "--predictions", str(out))
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["requests"] == 4
@@ -64,10 +53,10 @@ def test_labelled_lines_give_precision_recall_f1_as_the_last_json_line(tmp_path:
 
 
 def test_lines_without_labels_still_give_predictions(tmp_path: Path) -> None:
-    data = _write(tmp_path / "unlabelled.jsonl", [
+    data = write_lines(tmp_path / "unlabelled.jsonl", [
         {"id": 1, "model": "m", "entropy": LOOP_ENTROPY}, "", {"model": "m", "entropy": NORMAL}])
     out = tmp_path / "pred.jsonl"
-    result = _run(str(data), "--json", "--predictions", str(out))
+    result = run_eval("entropy", str(data), "--json", "--predictions", str(out))
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["requests"] == 2 and figures["labelled"] == 0
@@ -78,7 +67,7 @@ def test_lines_without_labels_still_give_predictions(tmp_path: Path) -> None:
 
 
 def test_without_json_no_json_line(tmp_path: Path) -> None:
-    result = _run(str(_labelled(tmp_path)))
+    result = run_eval("entropy", str(_labelled(tmp_path)))
     assert result.exit_code == 0 and "gibberish" in result.stdout
     assert not result.stdout.strip().splitlines()[-1].startswith("{")
 
@@ -96,8 +85,8 @@ def test_without_json_no_json_line(tmp_path: Path) -> None:
     ],
 )
 def test_a_bad_line_exits_2_naming_its_line(tmp_path: Path, lines: list[object], line_no: int, words: list[str]) -> None:
-    data = _write(tmp_path / "bad.jsonl", lines)
-    result = _run(str(data))
+    data = write_lines(tmp_path / "bad.jsonl", lines)
+    result = run_eval("entropy", str(data))
     assert result.exit_code == 2, result.output
     assert f"bad.jsonl:{line_no}" in result.output.replace("\n", "")
     for word in words:
@@ -114,7 +103,7 @@ def _figures(path: Path, with_ids: bool, tmp_path: Path, env: dict[str, str] | N
                 row.pop("token_ids", None)
                 dst.write(json.dumps(row) + "\n")
         path = stripped
-    result = runner.invoke(app, ["eval", "entropy", str(path), "--json"], env=env or {})
+    result = run_eval("entropy", str(path), "--json", env=env)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout.strip().splitlines()[-1])
 

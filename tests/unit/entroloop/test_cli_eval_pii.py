@@ -7,26 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from entroloop.cli import app
+from tests.unit.entroloop.eval_files import run_eval, write_lines
 
-runner = CliRunner()
 CORPUS = Path(__file__).resolve().parents[2] / "data" / "pii"
 
 
-def _write(path: Path, lines: list[object]) -> Path:
-    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x, ensure_ascii=False) for x in lines) + "\n",
-                    encoding="utf-8")
-    return path
-
-
-def _run(*args: str):
-    return runner.invoke(app, ["eval", "pii", *args], env={"ENTROLOOP_PII_HASH_KEY": "eval-test-key-0123456789"})
-
-
 def test_spans_give_recall_and_false_positives_as_the_last_json_line(tmp_path: Path) -> None:
-    data = _write(tmp_path / "labelled.jsonl", [
+    data = write_lines(tmp_path / "labelled.jsonl", [
         {"id": "a", "text": "我的手机号13900001111，邮箱是bob.jones@example.org谢谢", "source": "ignored",
          "spans": [{"kind": "mobile", "value": "13900001111", "pii": True},
                    {"kind": "email", "value": "bob.jones@example.org", "pii": True, "note": "ignored too"}]},
@@ -38,7 +26,7 @@ def test_spans_give_recall_and_false_positives_as_the_last_json_line(tmp_path: P
         {"text": "张伟说他明天来", "spans": [{"kind": "name", "value": "张伟", "pii": True}]},
     ])
     out = tmp_path / "predictions.jsonl"
-    result = _run(str(data), "--json", "--predictions", str(out))
+    result = run_eval("pii", str(data), "--json", "--predictions", str(out))
     assert result.exit_code == 0, result.output
     last = result.stdout.strip().splitlines()[-1]
     assert json.loads(last) == {
@@ -56,9 +44,9 @@ def test_spans_give_recall_and_false_positives_as_the_last_json_line(tmp_path: P
 
 
 def test_lines_without_spans_still_give_predictions(tmp_path: Path) -> None:
-    data = _write(tmp_path / "plain.jsonl", [{"id": "x", "text": "身份证110105491231002"}, {"text": "没有个人信息"}])
+    data = write_lines(tmp_path / "plain.jsonl", [{"id": "x", "text": "身份证110105491231002"}, {"text": "没有个人信息"}])
     out = tmp_path / "p.jsonl"
-    result = _run(str(data), "--json", "--predictions", str(out))
+    result = run_eval("pii", str(data), "--json", "--predictions", str(out))
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"recall": {}, "false_positives": {}, "lines": 2}
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
@@ -66,8 +54,8 @@ def test_lines_without_spans_still_give_predictions(tmp_path: Path) -> None:
 
 
 def test_without_json_no_json_line(tmp_path: Path) -> None:
-    data = _write(tmp_path / "one.jsonl", [{"text": "mail a@b.io", "spans": [{"kind": "email", "value": "a@b.io", "pii": True}]}])
-    result = _run(str(data))
+    data = write_lines(tmp_path / "one.jsonl", [{"text": "mail a@b.io", "spans": [{"kind": "email", "value": "a@b.io", "pii": True}]}])
+    result = run_eval("pii", str(data))
     assert result.exit_code == 0 and "email" in result.stdout
     assert not result.stdout.strip().splitlines()[-1].startswith("{")
 
@@ -84,8 +72,8 @@ def test_without_json_no_json_line(tmp_path: Path) -> None:
     ],
 )
 def test_a_bad_line_exits_2_naming_its_line(tmp_path: Path, lines: list[object], line_no: int, words: list[str]) -> None:
-    data = _write(tmp_path / "bad.jsonl", lines)
-    result = _run(str(data), "--json")
+    data = write_lines(tmp_path / "bad.jsonl", lines)
+    result = run_eval("pii", str(data), "--json")
     assert result.exit_code == 2, result.output
     message = " ".join(result.stderr.split())
     assert f"bad.jsonl:{line_no}:" in message and all(w in message for w in words), message
@@ -96,7 +84,7 @@ def test_the_hand_written_corpus() -> None:
     """The figures the README quotes (tests/data/pii/README.md says where the lines come from)."""
     figures = {}
     for name in ("zh.jsonl", "en.jsonl"):
-        result = _run(str(CORPUS / name), "--json")
+        result = run_eval("pii", str(CORPUS / name), "--json")
         assert result.exit_code == 0, result.output
         figures[name] = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["zh.jsonl"]["lines"] + figures["en.jsonl"]["lines"] >= 120
@@ -117,7 +105,7 @@ def test_the_hand_written_corpus() -> None:
 
 def test_the_held_out_corpus() -> None:
     """Lines written after the redactor was frozen: the figure not tuned on."""
-    result = _run(str(CORPUS / "heldout.jsonl"), "--json")
+    result = run_eval("pii", str(CORPUS / "heldout.jsonl"), "--json")
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     found = sum(round(v["recall"] * v["support"]) for v in figures["recall"].values())
