@@ -122,8 +122,8 @@ class AlertReader:
 
     def read(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for message in self.consumer.consume(5000, timeout=0.3):
+        while (left := deadline - time.monotonic()) > 0:
+            for message in self.consumer.consume(5000, timeout=min(0.3, max(left, 0.01))):
                 if message.error() is None:
                     record = codec.decode(message.value())
                     if isinstance(record, Alert) and record.rule in ENTROPY_RULES:
