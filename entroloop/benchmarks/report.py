@@ -27,6 +27,17 @@ class Figure:
     met: bool | None = None
     baseline: str = ""
     note: str = ""
+    runs: int = 1  # the value is the median of this many runs ...
+    spread: str = ""  # ... which ranged over this ("low–high"; see entroloop.benchmarks.repeats)
+    load_average: float | None = None  # 1-minute load average seen while measuring
+
+    @classmethod
+    def repeated(cls, section: str, name: str, measured, unit: str, **kwargs) -> "Figure":
+        """A figure from a :class:`~entroloop.benchmarks.repeats.Repeated` measurement."""
+        return cls(
+            section, name, measured.median, unit, runs=measured.runs, spread=measured.spread(),
+            load_average=round(measured.load_average, 2), **kwargs,
+        )
 
     def cell(self) -> str:
         if self.value is None:
@@ -77,16 +88,22 @@ def write_benchmarks(figures: list[Figure], path: Path = Path("BENCHMARKS.md")) 
         "",
         "Written by `entroloop bench ...` (`entroloop bench all` rewrites every section); do not edit by hand.",
         f"Machine: {stored['_machine'][0]['machine']} (measured {stored['_machine'][0]['date']}).",
-        "Each figure is measured in one run; ratios compare variants measured in that same run.",
+        "A figure measured several times is the median of its runs, with their spread (lowest–highest) and",
+        "the highest 1-minute load average seen while measuring; ratios compare variants measured in the same run.",
         "",
     ]
     for section in sorted(k for k in stored if not k.startswith("_")):
         lines += [f"## {section}", "", HOW_TO.get(section.lower(), ""), ""]
-        lines += ["| figure | measured | unit | target | met | baseline / note |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| figure | measured | unit | runs (spread) | load | target | met | baseline / note |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for f in (Figure(**d) for d in stored[section]):
             met = "" if f.met is None else ("yes" if f.met else "**no**")
             note = "; ".join(x for x in (f.baseline, f.note) if x)
-            lines.append(f"| {f.name} | {f.cell()} | {f.unit} | {f.target} | {met} | {note} |")
+            runs = f"{f.runs} ({f.spread})" if f.spread else str(f.runs)
+            load = "" if f.load_average is None else f"{f.load_average:.1f}"
+            lines.append(f"| {f.name} | {f.cell()} | {f.unit} | {runs} | {load} | {f.target} | {met} | {note} |")
         lines.append("")
     path.write_text("\n".join(lines))
     return path
