@@ -78,7 +78,7 @@ def _start_sink(bootstrap: str, prefix: str, folder: Path, partitions: int, batc
         # --until-empty, not --max-idle-s: a sink paused on backpressure receives nothing, and
         # --max-idle-s counts that as idle and exits with the backlog unread (not lost, but unmeasured).
         [sys.executable, "-m", "entroloop.cli", "sink", "clickhouse", "--json", "--until-empty",
-         "--batch-seconds", str(batch_seconds), "--loglevel", "info", "--session-timeout-s", "10"],
+         "--batch-seconds", str(batch_seconds), "--log-level", "info", "--session-timeout-s", "10"],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 

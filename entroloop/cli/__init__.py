@@ -33,6 +33,27 @@ COMMAND_MODULES = [
     "eval",
 ]
 
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"entroloop {version('entroloop')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("entroloop (not installed: no version)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print the installed version and exit."),
+) -> None:
+    """Feedback and observability pipeline for self-hosted LLM serving."""
+
+
 for _name in COMMAND_MODULES:
     importlib.import_module(f"entroloop.cli.{_name}").register(app)
 

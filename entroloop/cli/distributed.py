@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
     def worker(
         broker: Broker = None,
         topic_prefix: TopicPrefix = None,
-        loglevel: Annotated[str, typer.Option(help="Faust log level: crit, error, warn, info, debug.")] = "warn",
+        loglevel: Annotated[str, typer.Option("--log-level", help="Log level: critical, error, warning, info, debug.")] = "warning",
     ) -> None:
         """Run a Faust stream worker: every processor of the pipeline, consuming from Kafka.
 

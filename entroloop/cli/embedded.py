@@ -20,7 +20,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from entroloop.cli.common import settings_or_exit
+from entroloop.cli.common import broker_problem, embedded_store_or_exit, print_json, settings_or_exit
 from entroloop.contract.records import TokenEntropy
 from entroloop.contract.settings import Settings, settings_markdown
 from entroloop.contract.topics import TOPICS
@@ -179,6 +179,7 @@ def register(app: typer.Typer) -> None:
         from entroloop.infra.clickhouse.readonly import QueryRefused, run_readonly_query
 
         settings = _settings(data_dir)
+        embedded_store_or_exit(settings)
         try:
             client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
             result = run_readonly_query(client, sql, settings.clickhouse_database)
@@ -201,29 +202,44 @@ def register(app: typer.Typer) -> None:
         out.print(table)
 
     @app.command()
-    def migrate(data_dir: DataDir = None) -> None:
-        """Apply the ClickHouse schema migrations that are not applied yet."""
+    def migrate(
+        data_dir: DataDir = None,
+        create: Annotated[bool, typer.Option("--create", help="Make a new embedded store when DATA_DIR has none.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="End with the applied migrations as one JSON line.")] = False,
+    ) -> None:
+        """Apply the ClickHouse schema migrations that are not applied yet.
+
+        An embedded DATA_DIR that holds no store is an error (a mistyped path) unless --create.
+        """
         from entroloop.infra.clickhouse.client import connect
         from entroloop.infra.clickhouse.schema import migrate as apply
 
         settings = _settings(data_dir)
+        embedded_store_or_exit(settings, create=create)
         try:
             client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
         except ClickHouseLocked as exc:
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(3) from None
         done = apply(client, settings.clickhouse_database)
+        if as_json:
+            print_json({"applied": [f"{m.version:04d}_{m.name}" for m in done]})
+            return
         out.print(f"applied {len(done)} migration(s): {', '.join(f'{m.version:04d}_{m.name}' for m in done) or 'none needed'}")
 
     @app.command("settings")
     def show_settings(
         markdown: Annotated[bool, typer.Option("--markdown", help="The documentation table of every variable.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="The effective settings as one JSON object (secrets masked).")] = False,
     ) -> None:
         """Show the effective settings (secrets masked), or document every variable."""
         if markdown:
             print(settings_markdown())
             return
         current = _settings(None)
+        if as_json:
+            print_json({f"ENTROLOOP_{name.upper()}": value for name, value in current.model_dump(mode="json").items()})
+            return
         for name, value in current.model_dump().items():
             out.print(f"ENTROLOOP_{name.upper()}={value}")
 
@@ -233,6 +249,11 @@ def _demo_through_kafka(settings: Settings, broker: str, requests: int, seed: in
 
     address = broker.removeprefix("kafka://")
     settings = settings.model_copy(update={"kafka_bootstrap": address})
+    problem = broker_problem(address)
+    if problem:
+        console.print(f"[red]demo: the Kafka broker at {address} does not answer ({problem}).[/red] "
+                      "Start it (`make services-up` starts one) or check --broker.", soft_wrap=True)
+        raise typer.Exit(2)
     with console.status(f"demo through Kafka at {address}") as status:
         try:
             summary = distributed_demo.run(settings, requests, seed, status=status.update)

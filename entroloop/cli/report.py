@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from entroloop.cli.common import settings_or_exit
+from entroloop.cli.common import embedded_store_or_exit, print_json, settings_or_exit
 from entroloop.infra.clickhouse.client import ClickHouseLocked
 
 console = Console(stderr=True)
@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--data-dir", "-d", help="Embedded data folder (default: ENTROLOOP_DATA_DIR or ./.entroloop).")
         ] = None,
         title: Annotated[str, typer.Option(help="Title of the page.")] = "entroloop operator report",
+        as_json: Annotated[bool, typer.Option("--json", help="End with {\"report\": path} as one JSON line.")] = False,
     ) -> None:
         """Write a self-contained HTML page with entropy, anomaly, fallback, latency and bad-case plots.
 
@@ -31,10 +32,8 @@ def register(app: typer.Typer) -> None:
         from entroloop.report import load_report_data, render_page
 
         settings = settings_or_exit(data_dir=data_dir)
+        embedded_store_or_exit(settings)
         dsn = settings.resolved_clickhouse_dsn()
-        if dsn.startswith("chdb://") and not (Path(dsn.removeprefix("chdb://")) / "metadata").exists():
-            console.print(f"[red]{settings.data_dir} holds no embedded ClickHouse.[/red] Run `entroloop demo --data-dir {settings.data_dir}` first.")
-            raise typer.Exit(2)
         try:
             client = connect(dsn, settings.clickhouse_password.get_secret_value())
             data = load_report_data(client, settings.clickhouse_database)
@@ -43,4 +42,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(3) from None
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render_page(data, title), encoding="utf-8")
-        print(out.resolve())
+        if as_json:
+            print_json({"report": str(out.resolve())})
+        else:
+            print(out.resolve())

@@ -34,7 +34,7 @@ SessionTimeout = Annotated[
     float, typer.Option(min=6, help="Kafka session timeout: how soon a crashed sink's partitions move to another.")
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the final counters as one JSON line on stdout.")]
-LogLevel = Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")]
+LogLevel = Annotated[str, typer.Option("--log-level", help="Log level: critical, error, warning, info, debug.")]
 
 
 def _broker_answers(bootstrap: str, timeout: float = 10.0) -> str | None:

@@ -24,11 +24,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from entroloop.cli.common import settings_or_exit
+from entroloop.cli.common import embedded_store_or_exit, print_json, settings_or_exit
 from entroloop.cli.distributed import Broker, TopicPrefix, broker_address
 
 console = Console(stderr=True)
 out = Console()
+
+AsJson = Annotated[bool, typer.Option("--json", help="End with the result as one JSON line on stdout.")]
 
 DataDir = Annotated[
     Path | None,
@@ -225,7 +227,7 @@ def run_kafka_trainer(settings: Any, runner: Any, once: bool = False, session_ti
     return stats
 
 
-def _consume_bus(settings: Any, once: bool, poll_seconds: float) -> None:
+def _consume_bus(settings: Any, once: bool, poll_seconds: float, as_json: bool = False) -> None:
     """The embedded mode's consumer: the bus log, offsets in a file, jobs run inline."""
     from entroloop.contract.codec import CodecError, decode
     from entroloop.contract.records import RetrainRequest
@@ -252,7 +254,7 @@ def _consume_bus(settings: Any, once: bool, poll_seconds: float) -> None:
                         console.print(f"[red]{record.trigger_key}: {type(exc).__name__}: {exc}[/red]")
                         job = None
                     if job is not None:
-                        _print_job(job)
+                        _print_job(job, as_json)
                 # Committed only after the job ran (or was a duplicate): a crash re-reads the
                 # request, and the job folder makes that a resume, never a second job.
                 offsets.commit(topic, partition, offset + 1)
@@ -263,7 +265,7 @@ def _consume_bus(settings: Any, once: bool, poll_seconds: float) -> None:
         time.sleep(poll_seconds)
 
 
-def _print_job(job: Any) -> None:
+def _print_job(job: Any, as_json: bool = False) -> None:
     status = job.status()
     summary = {"trigger_key": status["trigger_key"], "state": status["state"], "attempts": status["attempts"]}
     results = status.get("results", {})
@@ -274,7 +276,10 @@ def _print_job(job: Any) -> None:
         summary["adapter_id"] = results["register"]["adapter_id"]
     if "error" in status:
         summary["error"] = status["error"]
-    out.print_json(json.dumps(summary, default=str))
+    if as_json:
+        print_json(summary)
+    else:
+        out.print_json(json.dumps(summary, default=str))
 
 
 def register(app: typer.Typer) -> None:
@@ -286,6 +291,7 @@ def register(app: typer.Typer) -> None:
             "--records", help="JSON Lines files of BadCase/Audit/Feedback records (default: the embedded bus).")] = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Train and gate only; register nothing.")] = False,
         data_dir: DataDir = None,
+        as_json: AsJson = False,
     ) -> None:
         """Run one retraining job by hand (data set, LoRA training, gate, registry).
 
@@ -311,7 +317,7 @@ def register(app: typer.Typer) -> None:
             job = existing
             console.print(f"trigger key {retrain.trigger_key!r} already has a job; no second job started")
         if job is not None:
-            _print_job(job)
+            _print_job(job, as_json)
 
     @app.command()
     def trainer(
@@ -322,6 +328,7 @@ def register(app: typer.Typer) -> None:
         session_timeout_s: Annotated[float, typer.Option(
             min=6, help="Kafka session timeout: how soon a dead trainer's partitions move to another.")] = 30.0,
         data_dir: DataDir = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Jobs (and, from Kafka, the final counters) as JSON lines.")] = False,
     ) -> None:
         """Consume retrain requests: resume crashed jobs, then one job per new trigger key.
 
@@ -331,9 +338,12 @@ def register(app: typer.Typer) -> None:
                                     kafka_bootstrap=broker_address(broker) if broker else None)
         if settings.kafka_bootstrap:
             stats = run_kafka_trainer(settings, _runner(settings, None, dry_run=False), once, session_timeout_s)
-            console.print("trainer: " + " ".join(f"{k}={v}" for k, v in stats.items()))
+            if as_json:
+                print_json(stats)
+            else:
+                console.print("trainer: " + " ".join(f"{k}={v}" for k, v in stats.items()))
             return
-        _consume_bus(settings, once, poll_seconds)
+        _consume_bus(settings, once, poll_seconds, as_json)
 
     adapters = typer.Typer(help="The adapter registry: list, show, roll back.", no_args_is_help=True)
     app.add_typer(adapters, name="adapters")
@@ -346,6 +356,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Registered adapters with their current status."""
         settings = _settings(data_dir)
+        embedded_store_or_exit(settings)
         registry = _registry(settings, _actions(settings))
         rows = registry.list(model)
         if as_json:
@@ -360,9 +371,10 @@ def register(app: typer.Typer) -> None:
         out.print(table)
 
     @adapters.command("show")
-    def adapters_show(adapter_id: str, data_dir: DataDir = None) -> None:
+    def adapters_show(adapter_id: str, data_dir: DataDir = None, as_json: AsJson = False) -> None:
         """An adapter's manifest (file digests, base model and data set digests, metrics) and history."""
         settings = _settings(data_dir)
+        embedded_store_or_exit(settings)
         registry = _registry(settings, _actions(settings))
         try:
             manifest = registry.manifest(adapter_id)
@@ -374,21 +386,29 @@ def register(app: typer.Typer) -> None:
             {"at": str(at), "status": status, "share": share, "detail": detail}
             for at, status, share, detail in registry.history(adapter_id)
         ]
-        out.print_json(json.dumps(payload, default=str))
+        if as_json:
+            print_json(payload)
+        else:
+            out.print_json(json.dumps(payload, default=str))
 
     @adapters.command("rollback")
     def adapters_rollback(
         adapter_id: str,
         reason: Annotated[str, typer.Option(help="Why (goes into the action record).")] = "manual rollback",
         data_dir: DataDir = None,
+        as_json: AsJson = False,
     ) -> None:
         """Route the adapter's traffic back (to its parent if it superseded one, else to the base model),
         unload it from every vLLM server (ENTROLOOP_VLLM_SERVERS) and mark it rolled back."""
         settings = _settings(data_dir)
+        embedded_store_or_exit(settings)
         actions = _actions(settings)
         registry = _registry(settings, actions)
         if registry.status(adapter_id) is None:
             console.print(f"[red]no adapter {adapter_id!r}[/red]")
             raise typer.Exit(2)
         now_serving = rollback_adapter(settings, registry, actions, adapter_id, reason)
-        console.print(f"{adapter_id}: rolled back; now serving {now_serving}")
+        if as_json:
+            print_json({"adapter_id": adapter_id, "rolled_back": True, "now_serving": now_serving})
+        else:
+            console.print(f"{adapter_id}: rolled back; now serving {now_serving}")

@@ -109,7 +109,7 @@ def start_worker(bootstrap: str, prefix: str, tmp: Path) -> tuple[WorkerProcess,
         # depend on processing order, and the fleet's loops do not repeat tokens.
         "ENTROLOOP_ENTROPY_EVIDENCE": "false",
     }
-    worker = WorkerProcess(tmp, "entroloop.cli", "worker", "--loglevel", "info", env=env)
+    worker = WorkerProcess(tmp, "entroloop.cli", "worker", "--log-level", "info", env=env)
     return worker, worker.log_path
 
 

@@ -185,7 +185,7 @@ def test_sigterm_flushes_commits_and_exits_zero(kafka_bootstrap: str, topic_pref
            "ENTROLOOP_CLICKHOUSE_DSN": f"chdb://{data_dir / 'clickhouse'}"}
     env.pop("ENTROLOOP_FAULT_KILL_AFTER_WRITE", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "entroloop.cli", "sink", "clickhouse", "--json", "--loglevel", "info",
+        [sys.executable, "-m", "entroloop.cli", "sink", "clickhouse", "--json", "--log-level", "info",
          "--batch-rows", "100000", "--batch-seconds", "600"],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -132,6 +132,8 @@ def test_every_documented_query_passes_the_guard(client, db, sql):
 
 def test_the_cli_refuses_with_exit_2_and_says_why(tmp_path):
     """The command itself (own process: chDB opens one folder per process)."""
+    subprocess.run([sys.executable, "-m", "entroloop.cli", "migrate", "--create", "--data-dir", str(tmp_path / "data")],
+                   check=True, capture_output=True, timeout=120)
     cmd = [sys.executable, "-m", "entroloop.cli", "query", "SELECT * FROM file('/etc/passwd', LineAsString)",
            "--data-dir", str(tmp_path / "data")]
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
