@@ -9,9 +9,11 @@ Usable by anything that traces with the OTel SDK:
   keeps the first provider set in a process, so :func:`install_vllm_tracing` (registered as a
   ``vllm.general_plugins`` entry point, which vLLM loads in the API-server process before it
   creates the engine) installs a provider with this exporter first when
-  ``ENTROLOOP_OTEL_SPANS_ENABLED=true``; vLLM's own OTLP provider is then never used. The
-  ``--otlp-traces-endpoint`` value is still required to switch tracing on (any URL; nothing is
-  sent to it).
+  ``ENTROLOOP_OTEL_SPANS_ENABLED=true``. vLLM's own provider is then refused by the OTel API, so
+  the same provider also carries an :class:`OtlpAlongside` processor: it sends every span on to
+  the user's OTLP endpoint (the ``--otlp-traces-endpoint`` vLLM was given, which vLLM exports as
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``; protocol from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``,
+  grpc by default, as vLLM does). The user's Jaeger, Phoenix or Langfuse keeps receiving spans.
 * **Any OTel-instrumented gateway**: ``provider.add_span_processor(BatchSpanProcessor(SpanRecordExporter()))``.
 
 ``export()`` never blocks on Kafka (the node publisher's ``publish`` is a queue append) and never
@@ -25,8 +27,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
 from entroloop.contract.ids import NodeStamper
@@ -46,13 +48,19 @@ ATTR_DECODE = "gen_ai.latency.time_in_model_decode"
 ATTR_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
 ATTR_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 ATTR_REQUEST_ID = "gen_ai.request.id"
+# The current OTel GenAI semantic conventions name the same values differently; read both (the
+# older vLLM names first: a span carrying both has them equal).
+ATTR_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+ATTR_RESPONSE_ID = "gen_ai.response.id"
 # vLLM names the served model under gen_ai.response.model; OTel GenAI conventions use both.
 ATTR_MODELS = ("gen_ai.request.model", "gen_ai.response.model")
 # Set by entroloop's gateway (or any caller) to correlate with Audit and TokenEntropy records.
 ATTR_ENTROLOOP_REQUEST_ID = "entroloop.request_id"
 ATTR_ROUTE = "entroloop.route"
 
-_TIMING_ATTRS = {ATTR_QUEUE, ATTR_TTFT, ATTR_E2E, ATTR_PREFILL, ATTR_DECODE, ATTR_PROMPT_TOKENS, ATTR_COMPLETION_TOKENS}
+_TIMING_ATTRS = {ATTR_QUEUE, ATTR_TTFT, ATTR_E2E, ATTR_PREFILL, ATTR_DECODE, ATTR_PROMPT_TOKENS, ATTR_COMPLETION_TOKENS,
+                 ATTR_INPUT_TOKENS, ATTR_OUTPUT_TOKENS}
 
 
 def _float(attributes: Mapping[str, Any], name: str) -> float | None:
@@ -60,9 +68,13 @@ def _float(attributes: Mapping[str, Any], name: str) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _int(attributes: Mapping[str, Any], name: str) -> int | None:
-    value = attributes.get(name)
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+def _int(attributes: Mapping[str, Any], *names: str) -> int | None:
+    """The first of ``names`` that holds a number."""
+    for name in names:
+        value = attributes.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value)
+    return None
 
 
 def _scalar_attributes(attributes: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
@@ -87,7 +99,7 @@ def request_id_of(attributes: Mapping[str, Any], fallback: str) -> str:
     explicit = attributes.get(ATTR_ENTROLOOP_REQUEST_ID)
     if explicit:
         return str(explicit)
-    vllm_id = str(attributes.get(ATTR_REQUEST_ID) or "")
+    vllm_id = str(attributes.get(ATTR_REQUEST_ID) or attributes.get(ATTR_RESPONSE_ID) or "")
     if vllm_id.startswith("chatcmpl-"):
         return vllm_id[len("chatcmpl-") :]
     if vllm_id.startswith("cmpl-"):
@@ -103,7 +115,7 @@ def span_to_record(span: ReadableSpan, stamp: dict[str, object], default_route: 
     span_id = format(context.span_id, "016x")
     model = next((str(attributes[a]) for a in ATTR_MODELS if attributes.get(a)), "")
     request_id = request_id_of(attributes, span_id)
-    completion = _int(attributes, ATTR_COMPLETION_TOKENS)
+    completion = _int(attributes, ATTR_COMPLETION_TOKENS, ATTR_OUTPUT_TOKENS)
     decode = _float(attributes, ATTR_DECODE)
     # TPOT as vLLM defines it: decode time spread over the tokens after the first.
     tpot = decode / (completion - 1) if decode is not None and completion is not None and completion > 1 else None
@@ -128,7 +140,7 @@ def span_to_record(span: ReadableSpan, stamp: dict[str, object], default_route: 
         ttft_s=_float(attributes, ATTR_TTFT),
         tpot_s=tpot,
         e2e_s=e2e if e2e is not None else (end - start if span.end_time else None),
-        prompt_tokens=_int(attributes, ATTR_PROMPT_TOKENS),
+        prompt_tokens=_int(attributes, ATTR_PROMPT_TOKENS, ATTR_INPUT_TOKENS),
         output_tokens=completion,
         attributes=_scalar_attributes(attributes),
     )
@@ -191,20 +203,103 @@ class SpanRecordExporter(SpanExporter):
         return True
 
 
+OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+
+
+def otlp_exporter(endpoint: str, protocol: str = "grpc") -> SpanExporter:
+    """The OTLP span exporter vLLM itself would build for ``endpoint`` (grpc or http/protobuf).
+
+    Raises ``ValueError`` for another protocol and ``ImportError`` when the OTLP exporter package
+    (``opentelemetry-exporter-otlp``, installed with vLLM and entroloop's gateway/vllm extras) is missing."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+
+        return Grpc(endpoint=endpoint, insecure=True)
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+        return Http(endpoint=endpoint)
+    raise ValueError(f"{OTLP_PROTOCOL_ENV}={protocol!r}: use grpc or http/protobuf")
+
+
+class OtlpAlongside(SpanProcessor):
+    """Sends every span on to the user's OTLP endpoint, next to entroloop's exporter.
+
+    The endpoint is looked up when the first span ends, not at start-up: vLLM publishes its
+    ``--otlp-traces-endpoint`` in ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` only once it initialises
+    tracing, after the plugin that installed this processor ran. ``endpoint`` given: that one. No
+    endpoint anywhere: spans go to entroloop only. A broken OTLP set-up is logged once and never
+    breaks the traced process."""
+
+    def __init__(self, endpoint: str | None = None, batch: bool = True,
+                 environ: Mapping[str, str] | None = None) -> None:
+        import os
+
+        self._endpoint = endpoint
+        self._batch = batch
+        self._environ = os.environ if environ is None else environ
+        self._lock = threading.Lock()
+        self._delegate: SpanProcessor | None = None
+        self._resolved = False
+        self.endpoint: str | None = None
+
+    def _processor(self) -> SpanProcessor | None:
+        if self._resolved:
+            return self._delegate
+        with self._lock:
+            if not self._resolved:
+                endpoint = self._endpoint or self._environ.get(OTLP_ENDPOINT_ENV, "")
+                if endpoint:
+                    try:
+                        exporter = otlp_exporter(endpoint, self._environ.get(OTLP_PROTOCOL_ENV, "grpc"))
+                        self._delegate = BatchSpanProcessor(exporter) if self._batch else SimpleSpanProcessor(exporter)
+                        self.endpoint = endpoint
+                        log.info("entroloop: spans also go to the OTLP endpoint %s", endpoint)
+                    except (ImportError, ValueError) as exc:
+                        log.error("entroloop: spans are not sent to the OTLP endpoint %s: %s", endpoint, exc)
+                self._resolved = True
+        return self._delegate
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        processor = self._processor()
+        if processor is not None:
+            processor.on_start(span, parent_context=parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        processor = self._processor()
+        if processor is not None:
+            processor.on_end(span)
+
+    def shutdown(self) -> None:
+        if self._delegate is not None:
+            self._delegate.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._delegate.force_flush(timeout_millis) if self._delegate is not None else True
+
+
 _installed = False
 
 
-def install_tracer_provider(exporter: SpanExporter | None = None, batch: bool = True) -> Any:
-    """Make a TracerProvider exporting to entroloop the process's global one (first one set wins)."""
-    global _installed
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-
+def tracer_provider(exporter: SpanExporter | None = None, batch: bool = True, otlp_endpoint: str | None = None,
+                    environ: Mapping[str, str] | None = None) -> TracerProvider:
+    """A TracerProvider whose spans go to entroloop (``exporter``) and to the user's OTLP endpoint."""
     provider = TracerProvider()
     exporter = exporter or SpanRecordExporter()
     # Batch: export runs on the SDK's worker thread, never on the request path.
     provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
+    provider.add_span_processor(OtlpAlongside(otlp_endpoint, batch=batch, environ=environ))
+    return provider
+
+
+def install_tracer_provider(exporter: SpanExporter | None = None, batch: bool = True,
+                            otlp_endpoint: str | None = None) -> Any:
+    """Make :func:`tracer_provider` the process's global one (the first one set wins)."""
+    global _installed
+    from opentelemetry import trace
+
+    provider = tracer_provider(exporter, batch, otlp_endpoint)
     trace.set_tracer_provider(provider)
     _installed = True
     return provider
@@ -224,4 +319,12 @@ def install_vllm_tracing() -> None:
         log.exception("entroloop: could not install the span exporter")
 
 
-__all__ = ["SpanRecordExporter", "install_tracer_provider", "install_vllm_tracing", "span_to_record"]
+__all__ = [
+    "OtlpAlongside",
+    "SpanRecordExporter",
+    "install_tracer_provider",
+    "install_vllm_tracing",
+    "otlp_exporter",
+    "span_to_record",
+    "tracer_provider",
+]
