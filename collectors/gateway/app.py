@@ -11,7 +11,8 @@ Every request passes, in this order and before its body is read:
 
 Then ``POST /v1/chat/completions`` and ``POST /v1/completions`` go to the audited proxy
 (``completions.py``: parameter checks, correlation ids, approximate entropy, Audit/Span records) and
-``POST /v1/feedback`` publishes a Feedback record (``feedback.py``), and every other path is
+``POST /v1/feedback`` publishes a Feedback record (``feedback.py``), ``GET /metrics`` answers
+entroloop's Prometheus metrics followed by the engine's (``metrics.py``), and every other path is
 forwarded unchanged (``passthrough.py``).
 """
 
@@ -32,6 +33,7 @@ from collectors.gateway.completions import AUDITED_PATHS, Gateway, Publish
 from collectors.gateway.config import GatewayConfig
 from collectors.gateway.feedback import FEEDBACK_PATH, FeedbackEndpoint
 from collectors.gateway.limits import BodyLimitMiddleware
+from collectors.gateway.metrics import MetricsEndpoint, RequestCounter, counted
 from collectors.gateway.request_ids import RequestIdMiddleware
 from collectors.gateway.routing import RoutingTable
 from entroloop.contract.settings import Settings
@@ -52,6 +54,7 @@ def create_app(
     With ``routing`` the app refreshes it in the background while it runs (lifespan). Raises
     ``GatewayConfigError`` for a configuration that cannot work (e.g. keys required, none given)."""
     policy = config.access_policy()
+    publish = counted(publish)
     gateway = Gateway(config, publish, redactor, transport, routing)
 
     @asynccontextmanager
@@ -67,8 +70,10 @@ def create_app(
     routes = [Route(path, gateway.audited, methods=["POST"]) for path in AUDITED_PATHS]
     feedback = FeedbackEndpoint(publish, redactor, gateway.stamper, config.feedback_rate_per_min)
     routes.append(Route(FEEDBACK_PATH, feedback.handle, methods=["POST"]))
+    routes.append(Route("/metrics", MetricsEndpoint(gateway.client).handle, methods=["GET"]))
     routes.append(Route("/{path:path}", gateway.proxy, methods=_METHODS))
     middleware = [  # the first listed runs first
+        Middleware(RequestCounter, known_paths=frozenset({*AUDITED_PATHS, FEEDBACK_PATH, "/metrics"})),
         Middleware(RequestIdMiddleware, paths=AUDITED_PATHS),  # so refusals carry X-Request-Id too
         Middleware(AuthMiddleware, policy=policy),
         Middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes),
