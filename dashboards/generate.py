@@ -17,10 +17,30 @@ that count is 0, so a panel that breaks while its source has data still fails.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "clickhouse"}
+# Every panel, variable and annotation queries the datasource chosen in the `datasource` variable
+# (default: the provisioned one, uid `clickhouse`), so one dashboard serves several ClickHouse
+# servers (staging, production) without copies.
+PROVISIONED_UID = "clickhouse"
+DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "${datasource}"}
+DATASOURCE_VAR: dict[str, Any] = {
+    "name": "datasource",
+    "label": "ClickHouse",
+    "type": "datasource",
+    "query": "grafana-clickhouse-datasource",
+    "current": {"selected": True, "text": "ClickHouse", "value": PROVISIONED_UID},
+    "hide": 0,
+    "refresh": 1,
+    "regex": "",
+    "options": [],
+}
+# The rollup tables (`*_1m`) hold one row per minute: a panel over them must never be drawn at a
+# finer interval, or `sum(x) / $__interval_s` divides a minute's sum by, say, 20 s.
+ROLLUP_TABLE = re.compile(r"\b\w+_1m\b")
+ROLLUP_MIN_INTERVAL = "1m"
 DB = "entroloop"
 OUT = Path(__file__).parent / "json"
 
@@ -78,6 +98,8 @@ def panel(
         "options": options or {},
         "gridPos": {"w": width, "h": height},
     }
+    if ROLLUP_TABLE.search(sql):
+        p["interval"] = ROLLUP_MIN_INTERVAL
     if empty_when:
         p["entroloop"] = {"emptyWhen": {"reason": empty_when[0], "sourceCount": empty_when[1].strip()}}
     return p
@@ -131,6 +153,32 @@ NODE_VAR = _variable(
 )
 
 
+# Every adapter state change (loaded, canary share, promoted, rolled back) as a marker on every
+# time-series panel: a change in entropy or latency next to a rollout explains itself.
+ADAPTER_ANNOTATION: dict[str, Any] = {
+    "name": "adapter changes",
+    "datasource": DATASOURCE,
+    "enable": True,
+    "iconColor": "purple",
+    "target": {
+        "refId": "Anno",
+        "datasource": DATASOURCE,
+        "editorType": "sql",
+        "format": TABLE,
+        "queryType": "table",
+        "rawSql": (
+            f"SELECT at AS time, concat(adapter_id, ': ', status, if(share > 0 AND share < 1, "
+            f"concat(' (', toString(round(share * 100)), '% canary)'), '')) AS text, status AS tags "
+            f"FROM {DB}.adapter_status WHERE $__timeFilter(at) ORDER BY at"
+        ),
+    },
+    "entroloop": {"emptyWhen": {
+        "reason": "no adapter changed state in the range (none before the first training run)",
+        "sourceCount": f"SELECT count() FROM {DB}.adapter_status WHERE $__timeFilter(at)",
+    }},
+}
+
+
 def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any]], variables: list[dict[str, Any]], tags: list[str]) -> dict[str, Any]:
     """Lay panels out left to right, top to bottom, on Grafana's 24-column grid."""
     x = y = row_h = 0
@@ -155,8 +203,8 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any
         "refresh": "30s",
         "time": {"from": "now-6h", "to": "now"},
         "timepicker": {"refresh_intervals": ["10s", "30s", "1m", "5m", "15m"]},
-        "templating": {"list": variables},
-        "annotations": {"list": []},
+        "templating": {"list": [DATASOURCE_VAR, *variables]},
+        "annotations": {"list": [ADAPTER_ANNOTATION]},
         "links": [{"type": "dashboards", "tags": ["entroloop"], "asDropdown": True, "title": "entroloop"}],
         "panels": panels,
     }

@@ -43,6 +43,12 @@ class TimeRange:
     end: datetime
     interval_s: float = 60.0
 
+    def for_panel(self, panel: Mapping[str, Any]) -> TimeRange:
+        """The range as this panel sees it: Grafana raises the interval to the panel's minimum
+        (``"interval": "1m"``), never lowers it."""
+        minimum = duration_s(panel.get("interval") or "")
+        return TimeRange(self.start, self.end, max(self.interval_s, minimum))
+
     @classmethod
     def from_unix(cls, start: float, end: float, interval_s: float = 60.0) -> TimeRange:
         return cls(
@@ -50,6 +56,19 @@ class TimeRange:
             datetime.fromtimestamp(end, tz=timezone.utc),
             interval_s,
         )
+
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(text: str) -> float:
+    """A Grafana duration (``"30s"``, ``"1m"``, ``"1h"``) in seconds; empty text is 0."""
+    if not text:
+        return 0.0
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", text.strip())
+    if not match:
+        raise UnknownMacro(f"interval {text!r} is not a Grafana duration like 30s or 1m")
+    return float(match[1]) * _UNITS[match[2]]
 
 
 def _seconds(t: datetime) -> int:
@@ -198,6 +217,11 @@ def iter_panels(dashboard: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
             yield from (p for p in panel.get("panels", []) if p.get("targets"))
         elif panel.get("targets"):
             yield panel
+
+
+def annotation_queries(dashboard: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The dashboard's SQL annotation queries (each with its ``target``)."""
+    return [a for a in dashboard.get("annotations", {}).get("list", []) if a.get("target", {}).get("rawSql")]
 
 
 def query_variables(dashboard: Mapping[str, Any]) -> list[dict[str, Any]]:

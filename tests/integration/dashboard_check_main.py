@@ -4,7 +4,8 @@ Runs in its own process because chDB opens one data folder per process (the test
 another). Usage: ``python -m tests.integration.dashboard_check_main DATA_DIR DASHBOARD.json...``
 
 Steps, as Grafana would take them: the time range is the span of the stored events (from the
-minute the first event falls in to one minute after the last), each ``query`` template variable is
+minute the first event falls in to one minute after the last; a 20 s interval, raised to a panel's
+minimum as Grafana does), each ``query`` template variable is
 run and set to All (every value it returns), custom variables keep their current value, then each
 panel's SQL is expanded (``dashboards.macros``) and run. Output: one JSON object with, per
 dashboard, the variables' values and per panel its expanded SQL, row count or error, and for an
@@ -20,6 +21,7 @@ from typing import Any
 
 from dashboards.macros import (
     TimeRange,
+    annotation_queries,
     expand,
     iter_panels,
     query_variables,
@@ -31,7 +33,7 @@ from entroloop.infra.clickhouse.client import connect
 EVENT_TABLES = ("token_entropy", "spans", "audit_index", "feedback", "fallbacks", "alerts", "dead_letters")
 
 
-def data_time_range(client: Any, interval_s: float = 60.0) -> TimeRange:
+def data_time_range(client: Any, interval_s: float = 20.0) -> TimeRange:
     union = " UNION ALL ".join(f"SELECT min(emitted_at) AS lo, max(emitted_at) AS hi FROM entroloop.{t}" for t in EVENT_TABLES)
     lo, hi = client.query(
         f"SELECT toUnixTimestamp(toStartOfMinute(minIf(lo, lo > 0))), toUnixTimestamp(max(hi)) FROM ({union})"
@@ -45,6 +47,8 @@ def resolve_variables(client: Any, dashboard: dict[str, Any], time_range: TimeRa
         if var["type"] == "query":
             sql = expand(variable_sql(var), time_range, values)
             values[var["name"]] = [str(row[0]) for row in client.query(sql).result_rows]
+        elif var["type"] == "datasource":
+            continue  # chooses the server, never appears in SQL: this check has one
         elif var["type"] in ("custom", "constant", "textbox"):
             current = var.get("current", {}).get("value", var.get("query", ""))
             values[var["name"]] = current if isinstance(current, list) else [str(current)]
@@ -56,11 +60,12 @@ def resolve_variables(client: Any, dashboard: dict[str, Any], time_range: TimeRa
 def check_dashboard(client: Any, dashboard: dict[str, Any], time_range: TimeRange) -> dict[str, Any]:
     variables = resolve_variables(client, dashboard, time_range)
     panels = []
-    for panel in iter_panels(dashboard):
+    annotations = [{**a, "title": f"annotation: {a['name']}", "targets": [a["target"]]} for a in annotation_queries(dashboard)]
+    for panel in [*iter_panels(dashboard), *annotations]:
         for target in panel["targets"]:
             result: dict[str, Any] = {"title": panel["title"], "refId": target.get("refId", "A")}
             try:
-                sql = expand(target["rawSql"], time_range, variables)
+                sql = expand(target["rawSql"], time_range.for_panel(panel), variables)
                 result["sql"] = sql
                 query = client.query(sql)
                 result["rows"] = len(query.result_rows)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dashboards import generate
-from dashboards.macros import iter_panels, query_variables
+from dashboards.macros import TimeRange, annotation_queries, duration_s, iter_panels, query_variables
 from tests.integration.demo_folder import REPO_ROOT, demo_data_dir, run_module  # noqa: F401 - fixture
 
 DASHBOARD_DIR = REPO_ROOT / "dashboards" / "json"
@@ -48,8 +48,33 @@ def test_provisioning_references_the_datasource_and_every_dashboard():
         refs = [p["datasource"] for p in iter_panels(board)]
         refs += [t["datasource"] for p in iter_panels(board) for t in p["targets"]]
         refs += [v["datasource"] for v in query_variables(board) if v["type"] == "query"]
-        assert refs and all(r == {"type": ds["type"], "uid": ds["uid"]} for r in refs), path.name
+        refs += [a["datasource"] for a in annotation_queries(board)] + [a["target"]["datasource"] for a in annotation_queries(board)]
+        # every query goes to the server chosen in the `datasource` variable, the provisioned one by default
+        assert refs and all(r == {"type": ds["type"], "uid": "${datasource}"} for r in refs), path.name
+        chooser = [v for v in query_variables(board) if v["type"] == "datasource"]
+        assert [(v["name"], v["query"], v["current"]["value"]) for v in chooser] == [("datasource", ds["type"], ds["uid"])]
     assert len(uids) == len(DASHBOARD_FILES), "dashboard uids must be unique"
+
+
+def test_rollup_panels_are_never_drawn_finer_than_a_minute():
+    """A `*_1m` rollup holds one row per minute: at a 20 s interval `sum(x) / $__interval_s` would
+    triple a rate. Grafana raises a panel's interval to its minimum, so every rollup panel sets 1m."""
+    rollup_panels = 0
+    for path in DASHBOARD_FILES:
+        for panel in iter_panels(_load(path)):
+            if any(generate.ROLLUP_TABLE.search(t["rawSql"]) for t in panel["targets"]):
+                rollup_panels += 1
+                assert duration_s(panel.get("interval", "")) >= 60, f"{path.name}: {panel['title']}"
+    assert rollup_panels >= 20
+    wide = TimeRange.from_unix(0, 6 * 3600, interval_s=20)
+    assert wide.for_panel({"interval": "1m"}).interval_s == 60
+    assert wide.for_panel({}).interval_s == 20
+
+
+def test_every_dashboard_marks_adapter_changes():
+    for path in DASHBOARD_FILES:
+        names = [a["name"] for a in annotation_queries(_load(path))]
+        assert names == ["adapter changes"], path.name
 
 
 def test_dashboards_cover_model_route_node_and_units():
