@@ -37,6 +37,7 @@ from entroloop.contract.codec import CodecError, dead_letter_fields, decode
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event, RetrainRequest
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
+from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, mark_commit
 from training.jobs import Job, JobBusy, JobRunner
 
 log = logging.getLogger("entroloop.training.consumer")
@@ -175,6 +176,7 @@ class RetrainConsumer:
             return
         self._eof.discard(message.partition())
         self.stats.messages += 1
+        EVENTS_IN.labels("trainer", RETRAIN_TOPIC).inc()
         value = message.value() or b""
         try:
             record = decode(value, self.settings.max_record_bytes)
@@ -185,6 +187,7 @@ class RetrainConsumer:
         except CodecError as err:
             self.publisher.publish(self._dead_letter(message, value, err))
             self.stats.dead_letters += 1
+            DEAD_LETTERS.labels("trainer", RETRAIN_TOPIC).inc()
             if not self.publisher.flush(30.0):  # still queued or spooled on disk: not lost
                 log.warning("trainer consumer: dead letter for offset %d not yet delivered", message.offset())
             self._commit(message)
@@ -204,6 +207,7 @@ class RetrainConsumer:
             self.consumer.commit(offsets=[TopicPartition(message.topic(), message.partition(), message.offset() + 1)],
                                  asynchronous=False)
             self.stats.commits += 1
+            mark_commit("trainer")
         except KafkaException as exc:  # a rebalance: the next owner re-reads it, the claim dedups it
             self.stats.commit_failures += 1
             log.warning("trainer consumer: commit of offset %d failed: %s", message.offset() + 1, exc)

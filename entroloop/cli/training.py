@@ -336,6 +336,9 @@ def register(app: typer.Typer) -> None:
         """
         settings = settings_or_exit(data_dir=data_dir, topic_prefix=topic_prefix,
                                     kafka_bootstrap=broker_address(broker) if broker else None)
+        from entroloop.infra.metrics import serve_metrics
+
+        serve_metrics(settings.metrics_port)
         if settings.kafka_bootstrap:
             stats = run_kafka_trainer(settings, _runner(settings, None, dry_run=False), once, session_timeout_s)
             if as_json:

@@ -528,6 +528,12 @@ class Settings(BaseSettings):
     streams_health_interval_s: float = Field(
         10.0, gt=0, description="How often each worker publishes Health records (consumer lag, last commit age)."
     )
+    metrics_port: int = Field(
+        0, ge=0, le=65535,
+        description="Serve Prometheus metrics (entroloop_* counters: events in/out and dead-lettered per topic, lag, "
+        "last commit) on this port in workers, sinks, the trainer and the action runner; 0 = off. The gateway "
+        "always serves them at its own GET /metrics.",
+    )
     streams_session_timeout_s: float = Field(
         30.0,
         ge=6,

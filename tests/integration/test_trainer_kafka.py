@@ -90,9 +90,13 @@ def test_one_job_per_key_and_poison_to_dead_letters(kafka_bootstrap, topic_prefi
         request_bytes("model-a/facts/2"),
     ])
 
+    started = time.time()
     stats = run_once(trainer_env, root)
 
     assert (stats["claimed"], stats["duplicates"], stats["dead_letters"]) == (2, 1, 2), stats
+    # the Prometheus counters (ENTROLOOP_METRICS_PORT) say the same
+    assert (stats["metrics"]["events_in"], stats["metrics"]["dead_letters"]) == (5, 2), stats["metrics"]
+    assert stats["metrics"]["last_commit"] >= started
     assert stats["final_states"] == {"accepted": 2}
     jobs = JobStore(root).jobs()
     assert sorted(j.trigger_key for j in jobs) == ["model-a/facts/2", "model-a/format/1"]

@@ -51,6 +51,16 @@ def main() -> None:
     settings = load_settings()
     runner = JobRunner(JobStore(root), fake_steps(root), _actions(settings))
     stats = run_kafka_trainer(settings, runner, once=once, session_timeout_s=6.0)
+    from prometheus_client import REGISTRY  # what a scrape of ENTROLOOP_METRICS_PORT would show
+
+    from entroloop.contract.records import RetrainRequest
+
+    labels = {"component": "trainer", "topic": RetrainRequest.topic}
+    stats["metrics"] = {
+        "events_in": REGISTRY.get_sample_value("entroloop_events_in_total", labels),
+        "dead_letters": REGISTRY.get_sample_value("entroloop_dead_letters_total", labels),
+        "last_commit": REGISTRY.get_sample_value("entroloop_last_commit_timestamp_seconds", {"component": "trainer"}),
+    }
     print(json.dumps(stats, default=str), flush=True)
 
 
