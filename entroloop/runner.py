@@ -45,6 +45,7 @@ from sinks.audit.checkpointer import checkpointer_from_settings
 from sinks.audit.parquet_writer import AuditParquetWriter
 from sinks.clickhouse.writer import ClickHouseSink
 from streams.actions import ActionRunner, client_query
+from streams.actions.runbooks import runbooks_from_settings
 from streams.base import Processor
 from streams.defaults import default_processors
 
@@ -97,6 +98,8 @@ class EmbeddedRunner:
         batch_size: int | None = None,
     ) -> None:
         self.settings = settings
+        if processors is None:
+            runbooks_from_settings(settings)  # a bad ENTROLOOP_ACTIONS_RUNBOOKS_DIR fails before any store opens
         self.data_dir = Path(settings.data_dir)
         make_private_dir(self.data_dir)  # prompts, answers and audit text live below: 0700
         self.log = LocalLog(self.data_dir / "log", settings.partitions)
@@ -117,8 +120,9 @@ class EmbeddedRunner:
         # signed checkpoints of the chain heads (ENTROLOOP_AUDIT_SIGNING_KEY_FILE) go to this runner's
         # own ClickHouse, among other anchors: a chDB folder belongs to the process that opened it
         self.audit = AuditParquetWriter(worm, checkpointer=checkpointer_from_settings(settings, worm, self.clickhouse.client))
-        if processors is None and Path(settings.actions_runbooks_dir).is_dir():
-            # alert actions read recent anomalous requests back from ClickHouse for case bundles
+        if processors is None:
+            # alert actions read recent anomalous requests back from ClickHouse for case bundles; a
+            # missing folder or invalid runbook raises RunbookError here (naming the setting), at start
             self.processors.append(ActionRunner.from_settings(settings, query=client_query(self.clickhouse.client)))
         self.published: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()

@@ -43,11 +43,16 @@ def _settings(data_dir: Path | None, **extra: Any) -> Settings:
 def _runner(settings: Settings):
     from entroloop.runner import EmbeddedRunner
 
+    from streams.actions import RunbookError
+
     try:
         return EmbeddedRunner(settings)
     except ClickHouseLocked as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(3) from None
+    except RunbookError as exc:  # names ENTROLOOP_ACTIONS_RUNBOOKS_DIR and the fix
+        console.print(f"[red]{exc}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 def _wipe(path: Path) -> None:

@@ -446,6 +446,11 @@ class Settings(BaseSettings):
         20, ge=1, le=20, description="top_logprobs the gateway asks a non-vLLM engine for (approximate entropy)."
     )
     gateway_timeout_s: float = Field(600.0, gt=0, description="Upstream request timeout of the gateway.")
+    gateway_fallback_upstream: str = Field(
+        "",
+        description="Base URL of the fallback tier (an OpenAI-compatible engine) that POST /admin/routes/ROUTE/tier "
+        "{\"tier\": \"fallback\"} sends the route's requests to. Empty: forcing the fallback tier answers 409.",
+    )
 
     # --- gateway hardening (issue 12): API keys per tenant, body limit -----------------------------
     gateway_api_keys: SecretStr = Field(
@@ -542,8 +547,11 @@ class Settings(BaseSettings):
     )
 
     # --- alert actions (streams/actions/: runbooks, webhooks, case bundles) ----------------------
-    actions_runbooks_dir: Path = Field(
-        Path("runbooks"), description="Folder of the versioned YAML runbooks the action runner executes."
+    actions_runbooks_dir: Path | None = Field(
+        None,
+        description="Folder of the versioned YAML runbooks the action runner executes. Empty: the runbooks "
+        "shipped in the package (streams/actions/builtin_runbooks). A missing folder or an invalid runbook "
+        "stops the action runner at start.",
     )
     actions_dry_run: bool = Field(
         True,
@@ -557,7 +565,8 @@ class Settings(BaseSettings):
         None, description="Folder of case bundles (JSON) written by capture_bundle steps. Empty: DATA_DIR/actions/bundles."
     )
     actions_gateway_url: str = Field(
-        "", description="Base URL of the gateway admin webhook (pause a node or route, switch a route's tier)."
+        "", description="Base URL of the gateway admin API (pause a node or route, switch a route's tier, unload "
+        "or roll back an adapter); ENTROLOOP_ACTIONS_WEBHOOK_TOKEN must be an admin tenant's gateway key."
     )
     actions_vllm_url: str = Field("", description="Base URL of the vLLM server whose LoRA adapters actions may unload.")
     actions_webhook_token: SecretStr = Field(

@@ -1,7 +1,7 @@
 """Runbooks: versioned YAML files that say which alerts trigger which actions.
 
-A runbook is configuration, not code: operators add or change one by editing ``runbooks/*.yaml``
-and bumping its ``version``; the Action records carry name and version so the audit trail says
+A runbook is configuration, not code: the package ships a set (``streams/actions/builtin_runbooks``);
+operators point ``ENTROLOOP_ACTIONS_RUNBOOKS_DIR`` at their own folder, edit a file and bump its ``version``; the Action records carry name and version so the audit trail says
 exactly which runbook revision acted. Example::
 
     name: pause-node-on-gibberish
@@ -24,7 +24,11 @@ Step kinds (``kind``) and their parameters:
   (``path`` default ``/admin/nodes/{subject_node}/pause`` / ``/admin/routes/{route}/pause``),
   body ``{node|route, model, reason, alert_key, duration_s}``.
 * ``switch_fallback``: POST ``/admin/routes/{route}/tier`` with ``{"tier": tier}`` (default ``fallback``).
-* ``unload_adapter``: POST vLLM's ``/v1/unload_lora_adapter`` with ``{"lora_name": "{adapter}"}``.
+* ``unload_adapter``: POST the gateway's ``/admin/adapters/{adapter}/unload`` (the gateway unloads it
+  from vLLM and stops routing to it), body ``{"lora_name": "{adapter}"}``; with ``endpoint: vllm``
+  (no gateway in front) the default path is vLLM's own ``/v1/unload_lora_adapter``.
+* ``rollback_adapter``: POST the gateway's ``/admin/adapters/{adapter}/rollback`` (requests routed to
+  the adapter go to its base model; it stays loaded).
 * ``capture_bundle``: the last ``last_n`` anomalous requests like this one (same model, route and
   rule by default: ``scope``) with their audit records, token entropies, spans and alerts, written
   as one JSON file.
@@ -53,19 +57,25 @@ from pydantic import (
     model_validator,
 )
 
-StepKind = Literal["pause_node", "pause_route", "switch_fallback", "unload_adapter", "capture_bundle", "open_retrain"]
+StepKind = Literal["pause_node", "pause_route", "switch_fallback", "unload_adapter", "rollback_adapter", "capture_bundle",
+                   "open_retrain"]
 
 # What a template may refer to: the alert's fields plus the resolved adapter.
 TEMPLATE_FIELDS = frozenset(
     {"rule", "model", "route", "subject_node", "alert_key", "severity", "request_id", "value", "threshold", "adapter"}
 )
-WEBHOOK_KINDS = {"pause_node": "gateway", "pause_route": "gateway", "switch_fallback": "gateway", "unload_adapter": "vllm"}
+WEBHOOK_KINDS = {"pause_node": "gateway", "pause_route": "gateway", "switch_fallback": "gateway",
+                 "unload_adapter": "gateway", "rollback_adapter": "gateway"}
 DEFAULT_PATHS = {
-    "pause_node": "/admin/nodes/{subject_node}/pause",
-    "pause_route": "/admin/routes/{route}/pause",
-    "switch_fallback": "/admin/routes/{route}/tier",
-    "unload_adapter": "/v1/unload_lora_adapter",
+    ("pause_node", "gateway"): "/admin/nodes/{subject_node}/pause",
+    ("pause_route", "gateway"): "/admin/routes/{route}/pause",
+    ("switch_fallback", "gateway"): "/admin/routes/{route}/tier",
+    ("unload_adapter", "gateway"): "/admin/adapters/{adapter}/unload",
+    ("unload_adapter", "vllm"): "/v1/unload_lora_adapter",
+    ("rollback_adapter", "gateway"): "/admin/adapters/{adapter}/rollback",
 }
+BUILTIN_RUNBOOKS_DIR = Path(__file__).resolve().parent / "builtin_runbooks"
+RUNBOOKS_SETTING = "ENTROLOOP_ACTIONS_RUNBOOKS_DIR"
 BUNDLE_SCOPES = frozenset({"model", "route", "rule", "subject_node"})
 
 
@@ -94,6 +104,7 @@ class RateLimit(_Strict):
 
 class Step(_Strict):
     kind: StepKind
+    endpoint_name: Literal["gateway", "vllm"] | None = Field(None, alias="endpoint")
     path: str | None = None
     duration_s: float = Field(300.0, gt=0)
     tier: str = "fallback"
@@ -112,16 +123,21 @@ class Step(_Strict):
                 raise ValueError(f"{name} refers to unknown field(s) {sorted(unknown)}; known: {sorted(TEMPLATE_FIELDS)}")
         if set(self.scope) - BUNDLE_SCOPES:
             raise ValueError(f"scope may only use {sorted(BUNDLE_SCOPES)}")
+        if self.endpoint_name is not None and (self.kind not in WEBHOOK_KINDS or
+                                               (self.path is None and (self.kind, self.endpoint_name) not in DEFAULT_PATHS)):
+            raise ValueError(f"endpoint {self.endpoint_name!r} needs a webhook step kind and, for {self.kind}, a path")
         return self
 
     @property
     def endpoint(self) -> str | None:
         """Which configured base URL a webhook step posts to (None: not a webhook)."""
-        return WEBHOOK_KINDS.get(self.kind)
+        if self.kind not in WEBHOOK_KINDS:
+            return None
+        return self.endpoint_name or WEBHOOK_KINDS[self.kind]
 
     @property
     def url_path(self) -> str:
-        return self.path or DEFAULT_PATHS[self.kind]
+        return self.path or DEFAULT_PATHS[(self.kind, self.endpoint or "")]
 
 
 class Runbook(_Strict):
@@ -169,9 +185,12 @@ def load_runbooks(paths: Iterable[Path] | Path) -> list[Runbook]:
     Two files with the same runbook name are an error: idempotency and rate limits are per name.
     """
     if isinstance(paths, Path):
-        if not paths.is_dir():
-            raise RunbookError(f"{paths}: runbook folder not found")
-        paths = sorted([*paths.glob("*.yaml"), *paths.glob("*.yml")])
+        folder = paths
+        if not folder.is_dir():
+            raise RunbookError(f"{folder}: runbook folder not found")
+        paths = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
+        if not paths:
+            raise RunbookError(f"{folder}: no *.yaml runbook in the folder")
     runbooks: dict[str, Runbook] = {}
     for path in paths:
         runbook = parse_runbook(path.read_text(encoding="utf-8"), str(path))
@@ -181,4 +200,21 @@ def load_runbooks(paths: Iterable[Path] | Path) -> list[Runbook]:
     return [runbooks[name] for name in sorted(runbooks)]
 
 
-__all__ = ["Match", "RateLimit", "Runbook", "RunbookError", "Step", "StepKind", "TEMPLATE_FIELDS", "load_runbooks", "parse_runbook"]
+def runbooks_from_settings(settings: object) -> list[Runbook]:
+    """The runbooks ``ENTROLOOP_ACTIONS_RUNBOOKS_DIR`` names (empty: the packaged ones), checked at start.
+
+    A missing folder, an empty one or an invalid runbook raises ``RunbookError`` naming the setting
+    and the fix: an action runner that silently runs no runbook looks healthy while doing nothing."""
+    configured = getattr(settings, "actions_runbooks_dir", None)
+    folder = Path(configured) if configured else BUILTIN_RUNBOOKS_DIR
+    try:
+        return load_runbooks(folder)
+    except RunbookError as exc:
+        source = f"{RUNBOOKS_SETTING}={configured}" if configured else "the packaged runbooks"
+        raise RunbookError(
+            f"{exc} ({source}). Fix: point {RUNBOOKS_SETTING} at a folder of valid *.yaml runbooks "
+            f"(format: docs/runbooks.md), or unset it to use the packaged ones in {BUILTIN_RUNBOOKS_DIR}"
+        ) from None
+
+
+__all__ = ["BUILTIN_RUNBOOKS_DIR", "RUNBOOKS_SETTING", "runbooks_from_settings", "Match", "RateLimit", "Runbook", "RunbookError", "Step", "StepKind", "TEMPLATE_FIELDS", "load_runbooks", "parse_runbook"]

@@ -42,7 +42,7 @@ from streams.actions.case_bundle import (
     sql_string,
     write_bundle,
 )
-from streams.actions.runbooks import Runbook, Step, load_runbooks
+from streams.actions.runbooks import Runbook, Step, runbooks_from_settings
 from streams.actions.state import ActionState
 from streams.actions.webhook import WebhookClient
 from streams.base import Processor, derive
@@ -101,7 +101,7 @@ class ActionRunner(Processor):
         """Runbooks, state file, endpoints and webhook policy from ``Settings`` (``ENTROLOOP_ACTIONS_*``)."""
         data_dir = Path(settings.data_dir)
         return cls(
-            load_runbooks(Path(settings.actions_runbooks_dir)),
+            runbooks_from_settings(settings),
             ActionState(settings.actions_state_path or data_dir / "actions" / "state.sqlite"),
             endpoints={"gateway": settings.actions_gateway_url, "vllm": settings.actions_vllm_url},
             webhook=WebhookClient(
@@ -178,11 +178,15 @@ class ActionRunner(Processor):
 
     def _webhook_step(self, step: Step, alert: Alert, fields: _Fields, action_id: str, dry: bool) -> StepResult:
         payload: dict[str, Any]
-        if step.kind == "unload_adapter":
+        if step.kind in ("unload_adapter", "rollback_adapter"):
             lora_name = step.lora_name.format_map(fields)
             if not lora_name:
-                return StepResult(SKIPPED, {"reason": "the alerted request was served by the base model: no adapter to unload"})
-            payload = {"lora_name": lora_name}
+                return StepResult(SKIPPED, {"reason": "the alerted request was served by the base model: no adapter to "
+                                                      + step.kind.removesuffix("_adapter")})
+            fields = _Fields({**fields, "adapter": lora_name})  # the path names the adapter the step acts on
+            payload = {"lora_name": lora_name}  # all vLLM's /v1/unload_lora_adapter takes
+            if step.endpoint == "gateway":
+                payload.update(model=alert.model, alert_key=alert.alert_key, reason=step.reason.format_map(fields))
         elif step.kind == "switch_fallback":
             payload = {"route": alert.route, "model": alert.model, "tier": step.tier, "alert_key": alert.alert_key,
                        "reason": step.reason.format_map(fields), "duration_s": step.duration_s}

@@ -24,9 +24,10 @@ from entroloop.infra.worm.reader import find_actions
 from entroloop.runner import EmbeddedRunner
 from sinks.audit.verify import verify_store
 from streams.actions import load_runbooks
+from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-RUNBOOKS = load_runbooks(REPO / "runbooks")
+RUNBOOKS = load_runbooks(BUILTIN_RUNBOOKS_DIR)
 ADAPTER = "lora-support-7"
 
 
@@ -57,7 +58,7 @@ def _digests(root: Path) -> dict[str, str]:
 
 
 def test_each_runbook_executed_with_its_action_records_in_the_worm_audit_log(receiver, chdb_dsn, ch_database, tmp_path):
-    settings = _settings(tmp_path, chdb_dsn, ch_database, actions_runbooks_dir=REPO / "runbooks", actions_dry_run=False,
+    settings = _settings(tmp_path, chdb_dsn, ch_database, actions_dry_run=False,
                          actions_gateway_url=receiver.url + "/gw", actions_vllm_url=receiver.url + "/vllm",
                          actions_webhook_backoff_s=0.01)
     runner = EmbeddedRunner(settings)  # default wiring: the action runner joins when runbooks exist

@@ -119,7 +119,7 @@ print(json.dumps({"bus": bus, "tables": tables, "rollups": rollups, "audit_log":
 
 def _env(data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENTROLOOP_")}
-    env.update(ENTROLOOP_DATA_DIR=str(data_dir), ENTROLOOP_ACTIONS_RUNBOOKS_DIR=str(REPO_ROOT / "runbooks"), **extra)
+    env.update(ENTROLOOP_DATA_DIR=str(data_dir), **extra)
     return env
 
 

@@ -29,7 +29,9 @@ from streams.actions import (
     parse_runbook,
 )
 
-REPO_RUNBOOKS = load_runbooks(Path(__file__).resolve().parents[4] / "runbooks")
+from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
+
+REPO_RUNBOOKS = load_runbooks(BUILTIN_RUNBOOKS_DIR)
 AT = 1_790_000_000.0
 ADAPTER = "lora-support-7"
 
@@ -82,7 +84,7 @@ EXPECTED_POSTS = {
     "pause_node": "/gw/admin/nodes/node-2/pause",
     "pause_route": "/gw/admin/routes/support/pause",
     "switch_fallback": "/gw/admin/routes/support/tier",
-    "unload_adapter": "/vllm/v1/unload_lora_adapter",
+    "unload_adapter": f"/gw/admin/adapters/{ADAPTER}/unload",
 }
 
 
@@ -116,9 +118,8 @@ def test_each_repository_runbook_dry_run_then_for_real_exactly_once(runbook, rec
     for req, action in zip(receiver.requests, [a for a in actions if a.action in EXPECTED_POSTS]):
         assert req.headers["Idempotency-Key"] == action.action_id
         if action.action == "unload_adapter":
-            assert req.body == {"lora_name": ADAPTER}
-        else:
-            assert req.body["alert_key"] == alert.alert_key
+            assert req.body["lora_name"] == ADAPTER
+        assert req.body["alert_key"] == alert.alert_key
     if "capture_bundle" in kinds:
         detail = json.loads(next(a for a in actions if a.action == "capture_bundle").detail)
         bundle = json.loads(Path(detail["path"]).read_text())
@@ -220,7 +221,7 @@ def test_base_model_requests_skip_adapter_unload(receiver, sink, tmp_path):
 def test_runner_settings_wire_runbooks_state_and_dry_run(tmp_path):
     from entroloop.contract.settings import load_settings
 
-    settings = load_settings(data_dir=tmp_path, actions_runbooks_dir=Path(__file__).resolve().parents[4] / "runbooks")
+    settings = load_settings(data_dir=tmp_path)  # no folder configured: the packaged runbooks
     runner = ActionRunner.from_settings(settings)
     assert runner.dry_run is True  # acting for real is an explicit choice
     assert {r.name for r in runner.runbooks} == {r.name for r in REPO_RUNBOOKS}

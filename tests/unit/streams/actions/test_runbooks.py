@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from streams.actions.runbooks import RunbookError, load_runbooks, parse_runbook
+from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR, RunbookError, load_runbooks, parse_runbook
 
-REPO_RUNBOOKS = Path(__file__).resolve().parents[4] / "runbooks"
+REPO_RUNBOOKS = BUILTIN_RUNBOOKS_DIR
 
 VALID = """
 name: demo
@@ -56,3 +56,36 @@ def test_duplicate_names_are_refused(tmp_path):
     (tmp_path / "b.yaml").write_text(VALID)
     with pytest.raises(RunbookError, match="used twice"):
         load_runbooks(tmp_path)
+
+
+def test_settings_default_to_the_packaged_runbooks():
+    from entroloop.contract.settings import load_settings
+    from streams.actions.runbooks import runbooks_from_settings
+
+    names = {r.name for r in runbooks_from_settings(load_settings())}
+    assert "pause-node-on-gibberish" in names and len(names) == len(list(BUILTIN_RUNBOOKS_DIR.glob("*.yaml")))
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "invalid"])
+def test_a_bad_runbook_folder_is_an_error_naming_the_setting_and_the_fix(make, tmp_path):
+    from entroloop.contract.settings import load_settings
+    from streams.actions.runbooks import runbooks_from_settings
+
+    folder = tmp_path / "runbooks"
+    if make != "missing":
+        folder.mkdir()
+    if make == "invalid":
+        (folder / "bad.yaml").write_text("name: x\nversion: 1\nmatch: {rules: [gibberish]}\nsteps: [{kind: reboot}]\n")
+    with pytest.raises(RunbookError) as caught:
+        runbooks_from_settings(load_settings(actions_runbooks_dir=folder))
+    message = str(caught.value)
+    assert "ENTROLOOP_ACTIONS_RUNBOOKS_DIR" in message and "unset it" in message and str(folder) in message
+
+
+def test_unload_can_go_straight_to_vllm_and_rollback_goes_to_the_gateway():
+    direct = parse_runbook("name: u\nversion: 1\nmatch: {rules: [r]}\nsteps: [{kind: unload_adapter, endpoint: vllm}]\n")
+    assert (direct.steps[0].endpoint, direct.steps[0].url_path) == ("vllm", "/v1/unload_lora_adapter")
+    back = parse_runbook("name: b\nversion: 1\nmatch: {rules: [r]}\nsteps: [{kind: rollback_adapter}]\n")
+    assert (back.steps[0].endpoint, back.steps[0].url_path) == ("gateway", "/admin/adapters/{adapter}/rollback")
+    with pytest.raises(RunbookError, match="endpoint"):
+        parse_runbook("name: c\nversion: 1\nmatch: {rules: [r]}\nsteps: [{kind: pause_node, endpoint: vllm}]\n")
