@@ -7,13 +7,16 @@ Every request passes, in this order and before its body is read:
    ``X-Request-Id``, else a UUIDv7), returned in ``X-Request-Id`` on every response, refusals included;
 1. ``auth.AuthMiddleware``: API keys per tenant; admin paths need an admin tenant's key and are
    refused when no key is configured; inference paths need a key when keys are configured;
-2. ``limits.BodyLimitMiddleware``: a body over ``ENTROLOOP_GATEWAY_MAX_BODY_BYTES`` gets 413.
+2. ``admin.PauseMiddleware``: inference requests get 503 while an admin (or a runbook) paused this
+   node or route;
+3. ``limits.BodyLimitMiddleware``: a body over ``ENTROLOOP_GATEWAY_MAX_BODY_BYTES`` gets 413.
 
 Then ``POST /v1/chat/completions`` and ``POST /v1/completions`` go to the audited proxy
 (``completions.py``: parameter checks, correlation ids, approximate entropy, Audit/Span records) and
 ``POST /v1/feedback`` publishes a Feedback record (``feedback.py``), ``GET /metrics`` answers
-entroloop's Prometheus metrics followed by the engine's (``metrics.py``), and every other path is
-forwarded unchanged (``passthrough.py``).
+entroloop's Prometheus metrics followed by the engine's (``metrics.py``), ``/admin/...`` is the
+gateway's own admin API (``admin.py``: pauses, the fallback tier, adapter unload/rollback), and every
+other path is forwarded unchanged (``passthrough.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from collectors.gateway.auth import AuthMiddleware, GatewayConfigError
+from collectors.gateway.admin import AdminApi, AdminRouting, AdminState, PauseMiddleware, TierTransport
+from collectors.gateway.auth import INFERENCE_PATHS, AuthMiddleware, GatewayConfigError
 from collectors.gateway.completions import AUDITED_PATHS, Gateway, Publish
 from collectors.gateway.config import GatewayConfig
 from collectors.gateway.feedback import FEEDBACK_PATH, FeedbackEndpoint
@@ -55,7 +59,12 @@ def create_app(
     ``GatewayConfigError`` for a configuration that cannot work (e.g. keys required, none given)."""
     policy = config.access_policy()
     publish = counted(publish)
-    gateway = Gateway(config, publish, redactor, transport, routing)
+    admin = AdminState()
+    # the admin API's live levers: a forced fallback tier redirects upstream calls, a disabled
+    # adapter is routed around, a paused node or route is refused (PauseMiddleware below)
+    tiers = TierTransport(transport or httpx.AsyncHTTPTransport(), admin, config.route, config.upstream,
+                          config.fallback_upstream)
+    gateway = Gateway(config, publish, redactor, tiers, AdminRouting(admin, routing))  # type: ignore[arg-type]
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -71,16 +80,20 @@ def create_app(
     feedback = FeedbackEndpoint(publish, redactor, gateway.stamper, config.feedback_rate_per_min)
     routes.append(Route(FEEDBACK_PATH, feedback.handle, methods=["POST"]))
     routes.append(Route("/metrics", MetricsEndpoint(gateway.client).handle, methods=["GET"]))
+    routes.extend(AdminApi(admin, gateway, config.node_id, config.route, config.fallback_upstream).routes())
     routes.append(Route("/{path:path}", gateway.proxy, methods=_METHODS))
     middleware = [  # the first listed runs first
         Middleware(RequestCounter, known_paths=frozenset({*AUDITED_PATHS, FEEDBACK_PATH, "/metrics"})),
         Middleware(RequestIdMiddleware, paths=AUDITED_PATHS),  # so refusals carry X-Request-Id too
         Middleware(AuthMiddleware, policy=policy),
+        Middleware(PauseMiddleware, state=admin, node=config.node_id, route=config.route,
+                   paths=INFERENCE_PATHS - {"/v1/models"}),
         Middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes),
     ]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.gateway = gateway
     app.state.feedback = feedback
+    app.state.admin = admin
     return app
 
 

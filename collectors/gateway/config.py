@@ -29,6 +29,7 @@ class GatewayConfig:
     max_body_bytes: int = 2 << 20
     max_record_bytes: int = 1 << 20  # an Audit over this is published in parts
     feedback_rate_per_min: float = 60.0  # POST /v1/feedback per (tenant, user) and minute
+    fallback_upstream: str = ""  # where POST /admin/routes/ROUTE/tier {"tier": "fallback"} sends requests
 
     def access_policy(self) -> AccessPolicy:
         """The access rule (raises ``GatewayConfigError`` for a setting that cannot work)."""
@@ -53,6 +54,7 @@ class GatewayConfig:
             "max_body_bytes": settings.gateway_max_body_bytes,
             "max_record_bytes": settings.max_record_bytes,
             "feedback_rate_per_min": settings.gateway_feedback_rate_per_min,
+            "fallback_upstream": settings.gateway_fallback_upstream,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -67,7 +67,9 @@ def gateway(
     else:
         console.print("[yellow]no API key configured: inference is open to anyone who reaches this port and admin "
                       "paths are refused; set ENTROLOOP_GATEWAY_API_KEYS_FILE (tenant:key lines)[/yellow]")
-    routing = app.state.gateway.routing
+    if config.fallback_upstream:
+        console.print(f"fallback tier (POST /admin/routes/{config.route}/tier): {config.fallback_upstream}")
+    routing = app.state.gateway.routing.inner  # the admin API's wrapper around the registry's routing table
     if routing is not None:
         console.print(f"adapter routing from {settings.clickhouse_database}.adapter_status, "
                       f"refreshed every {routing.refresh_s:g} s")
