@@ -1,8 +1,10 @@
 """The processors a deployment runs by default, configured from settings.
 
 One list for the embedded runner, the Faust worker, the benchmarks and the demo, so every path
-runs the same processors with the same settings. The action runner is not in it: it needs a
-ClickHouse query function for its case bundles, which the wiring passes in.
+runs the same processors with the same settings. The action runner is not in it: it does I/O
+(webhooks with retries, case bundles read from ClickHouse), so the distributed deployment runs it
+in its own process (`entroloop actions`, ``streams/actions/consumer.py``) and the embedded runner
+adds it with its own ClickHouse.
 """
 
 from __future__ import annotations

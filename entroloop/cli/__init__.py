@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "bench_lag",
     "gateway",
     "eval",
+    "actions",
 ]
 
 

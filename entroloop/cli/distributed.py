@@ -82,7 +82,9 @@ def register(app: typer.Typer) -> None:
         topic_prefix: TopicPrefix = None,
         loglevel: Annotated[str, typer.Option("--log-level", help="Log level: critical, error, warning, info, debug.")] = "warning",
     ) -> None:
-        """Run a Faust stream worker: every processor of the pipeline, consuming from Kafka.
+        """Run a Faust stream worker: every analytics processor of the pipeline, consuming from Kafka.
+
+        Alert actions (runbooks, webhooks) run in their own process: `entroloop actions`.
 
         Scale by starting more workers (up to the partition count); each agent runs one actor per
         process (the faust-streaming issue 606 guard).

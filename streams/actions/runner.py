@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from entroloop.contract.codec import encode
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import Action, Alert, Event, RetrainRequest
 from streams.actions.case_bundle import (
@@ -84,6 +85,7 @@ class ActionRunner(Processor):
         bundle_dir: Path | None = None,
         dry_run: bool = False,
         clock: Callable[[], float] = time.time,
+        outbox: bool = False,
     ) -> None:
         self.runbooks = list(runbooks)
         self.state = state
@@ -94,10 +96,11 @@ class ActionRunner(Processor):
         self.bundle_dir = bundle_dir
         self.dry_run = dry_run
         self.clock = clock
+        self.outbox = outbox  # keep each execution's records in ActionState until delivered (entroloop actions)
         self.counters: Counter[str] = Counter()
 
     @classmethod
-    def from_settings(cls, settings: Any, query: Query | None = None) -> ActionRunner:
+    def from_settings(cls, settings: Any, query: Query | None = None, outbox: bool = False) -> ActionRunner:
         """Runbooks, state file, endpoints and webhook policy from ``Settings`` (``ENTROLOOP_ACTIONS_*``)."""
         data_dir = Path(settings.data_dir)
         return cls(
@@ -114,6 +117,7 @@ class ActionRunner(Processor):
             database=settings.clickhouse_database,
             bundle_dir=settings.actions_bundle_dir or data_dir / "actions" / "bundles",
             dry_run=settings.actions_dry_run,
+            outbox=outbox,
         )
 
     # --- Processor ----------------------------------------------------------------------------
@@ -140,8 +144,9 @@ class ActionRunner(Processor):
             log.info("actions: runbook %s rate-limited for alert %s", runbook.name, alert.alert_key)
             limit = runbook.rate_limit
             result = StepResult(RATE_LIMITED, {"limit": f"{limit.max} per {limit.per_s:g}s"})
-            self.state.finish(runbook.name, alert.alert_key, mode, RATE_LIMITED, self.clock())
-            return self._records(runbook, alert, len(runbook.steps), "rate_limit", dry, result)
+            records = self._records(runbook, alert, len(runbook.steps), "rate_limit", dry, result)
+            self.state.finish(runbook.name, alert.alert_key, mode, RATE_LIMITED, self.clock(), self._outbox(records))
+            return records
 
         fields = self._fields(alert)
         out: list[Event] = []
@@ -163,7 +168,7 @@ class ActionRunner(Processor):
                     log.error("actions: %s step %s failed for alert %s: %s", runbook.name, step.kind, alert.alert_key, result.detail)
             self.counters[result.outcome] += 1
             out.extend(self._records(runbook, alert, index, step.kind, dry, result))
-        self.state.finish(runbook.name, alert.alert_key, mode, final, self.clock())
+        self.state.finish(runbook.name, alert.alert_key, mode, final, self.clock(), self._outbox(out))
         return out
 
     # --- steps --------------------------------------------------------------------------------
@@ -248,6 +253,9 @@ class ActionRunner(Processor):
         return StepResult(OK, {**detail, "retrain_event_id": request.event_id}, [request])
 
     # --- helpers --------------------------------------------------------------------------------
+    def _outbox(self, records: list[Event]) -> list[bytes]:
+        return [encode(record) for record in records] if self.outbox else []
+
     def _fields(self, alert: Alert) -> _Fields:
         fields = _Fields({name: getattr(alert, name) for name in
                           ("rule", "model", "route", "subject_node", "alert_key", "severity", "request_id", "value", "threshold")})

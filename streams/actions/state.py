@@ -5,6 +5,11 @@ An execution is *claimed* before its first step runs and *finished* with its out
 A claim that was never finished (the process died mid-run) may be claimed again: steps are then
 re-sent with the same ``Idempotency-Key``, so a receiver that already applied them ignores them.
 A finished execution is never run again, whatever its outcome.
+
+The *outbox* (optional, used by ``entroloop actions``) keeps the encoded records an execution produced,
+written in the same transaction that finishes it, until the caller says they were delivered: a
+process that dies after finishing but before its Action records reached Kafka re-sends them on its
+next start instead of losing them (the redelivered alert itself is a duplicate by then).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from entroloop.infra.private_files import make_private_dir, open_private
@@ -30,6 +36,7 @@ CREATE TABLE IF NOT EXISTS executions (
 );
 CREATE TABLE IF NOT EXISTS rate_events (runbook TEXT NOT NULL, mode TEXT NOT NULL, at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS rate_events_by_runbook ON rate_events (runbook, mode, at);
+CREATE TABLE IF NOT EXISTS outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, value BLOB NOT NULL);
 """
 
 
@@ -71,14 +78,33 @@ class ActionState:
                 self._db.execute("ROLLBACK")
                 raise
 
-    def finish(self, runbook: str, alert_key: str, mode: str, outcome: str, now: float | None = None) -> None:
+    def finish(self, runbook: str, alert_key: str, mode: str, outcome: str, now: float | None = None,
+               outbox: Sequence[bytes] = ()) -> None:
+        """Mark the execution finished and, atomically with it, queue ``outbox`` (its encoded records)."""
         now = time.time() if now is None else now
         with self._lock:
-            self._db.execute(
-                "UPDATE executions SET status = 'finished', outcome = ?, finished_at = ? "
-                "WHERE runbook = ? AND alert_key = ? AND mode = ?",
-                (outcome, now, runbook, alert_key, mode),
-            )
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "UPDATE executions SET status = 'finished', outcome = ?, finished_at = ? "
+                    "WHERE runbook = ? AND alert_key = ? AND mode = ?",
+                    (outcome, now, runbook, alert_key, mode),
+                )
+                self._db.executemany("INSERT INTO outbox (value) VALUES (?)", [(value,) for value in outbox])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def outbox(self) -> list[tuple[int, bytes]]:
+        """Queued records not yet delivered, oldest first: (id, encoded record)."""
+        with self._lock:
+            return [(row[0], bytes(row[1])) for row in self._db.execute("SELECT id, value FROM outbox ORDER BY id")]
+
+    def delivered(self, ids: Iterable[int]) -> None:
+        """Forget outbox entries that reached their topic."""
+        with self._lock:
+            self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
 
     def outcome(self, runbook: str, alert_key: str, mode: str) -> str | None:
         """The finished outcome, '' while only claimed, None if never seen."""

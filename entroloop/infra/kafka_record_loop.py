@@ -1,0 +1,218 @@
+"""One record at a time from a Kafka topic, at least once: decode, handle, then commit.
+
+For components whose work per record is I/O with effects of their own (webhooks, job claims), not
+a batch insert (the sinks have their own batched loop in ``sinks/kafka_sink.py``). Per message of
+``topic`` (consumer group ``group_id``, manual commits, ``kafka_consumer_config``):
+
+1. decode with ``entroloop.contract.codec``; bytes that are not a record of the ``accepts`` type
+   become a ``DeadLetter`` with the reason on the dead-letter topic (delivered, then the offset is
+   committed: a poison record is kept and skipped, never fatal, never retried forever);
+2. ``handle(record)``: the caller makes its effect durable before returning (an exception stops
+   the loop without a commit: the record is read again after a restart);
+3. commit ``offset + 1`` synchronously. A commit lost to a rebalance means the next owner reads
+   the record again: ``handle`` must be idempotent (the action runner's ``ActionState`` is).
+
+``DeliveringProducer`` is the producer for outputs and dead letters: ``deliver`` returns only once
+the broker acknowledged every record (acks=all, idempotent producer), so a caller can commit after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from entroloop.contract.codec import CodecError, dead_letter_fields, decode, encode
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import DeadLetter, Event
+from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryFailed(RuntimeError):
+    """Records the broker did not acknowledge in time: nothing may be committed past them."""
+
+
+class DeliveringProducer:
+    """A confluent-kafka producer whose ``deliver`` waits for the broker's acknowledgement of each record."""
+
+    def __init__(self, bootstrap: str, client_id: str, logger_name: str, **overrides: Any) -> None:
+        from confluent_kafka import Producer
+
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "client.id": client_id,
+            "logger": logging.getLogger(logger_name),
+            **overrides,
+        })
+        self.delivered = 0
+
+    def deliver(self, messages: Sequence[tuple[str, str, bytes]], timeout_s: float = 30.0) -> list[int]:
+        """Send (topic, key, value) messages and wait; the indexes acknowledged (all, or raises
+        ``DeliveryFailed`` naming how many were not)."""
+        acked: list[int] = []
+        errors: list[str] = []
+
+        def on_delivery(index: int) -> Callable[[Any, Any], None]:
+            def done(err: Any, _message: Any) -> None:
+                (errors.append(str(err)) if err is not None else acked.append(index))
+            return done
+
+        for index, (topic, key, value) in enumerate(messages):
+            while True:
+                try:
+                    self._producer.produce(topic, value=value, key=key.encode(), on_delivery=on_delivery(index))
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    self._producer.poll(0.1)
+        deadline = time.monotonic() + timeout_s
+        while len(acked) + len(errors) < len(messages) and time.monotonic() < deadline:
+            self._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+        self.delivered += len(acked)
+        if len(acked) < len(messages):
+            reason = errors[0] if errors else f"no acknowledgement within {timeout_s:g}s"
+            raise DeliveryFailed(f"{len(messages) - len(acked)} of {len(messages)} records not delivered: {reason}")
+        return sorted(acked)
+
+    def close(self, timeout_s: float = 10.0) -> int:
+        """Flush what is left; the number of records still undelivered."""
+        return self._producer.flush(timeout_s)
+
+
+@dataclass
+class LoopStats:
+    messages: int = 0
+    handled: int = 0
+    dead_letters: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RecordConsumer:
+    """Consume ``topic`` one record at a time into ``handle`` (see the module docstring)."""
+
+    def __init__(self, settings: Any, *, topic: str, accepts: type[Event], handle: Callable[[Event], None],
+                 group_id: str, client_id: str, producer: DeliveringProducer, component: str,
+                 session_timeout_s: float = 30.0, consumer_config: dict[str, Any] | None = None) -> None:
+        from confluent_kafka import Consumer
+
+        self.settings = settings
+        self.topic = topic  # the logical name (no prefix): what dead letters cite
+        self.kafka_topic = settings.topic_prefix + topic
+        self.dead_letter_topic = settings.topic_prefix + DeadLetter.topic
+        self.accepts = accepts
+        self.handle = handle
+        self.producer = producer
+        self.component = component
+        self.group_id = group_id
+        self.stats = LoopStats()
+        config = manual_commit_consumer_config(
+            settings, group_id=group_id, client_id=client_id, logger_name=f"{__name__}.librdkafka.{component}",
+            session_timeout_s=session_timeout_s,
+        )
+        config.update(consumer_config or {})
+        self.consumer = Consumer(config)
+        self._assigned: set[int] = set()
+        self._eof: set[int] = set()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, until_idle: bool = False, poll_s: float = 0.5, max_wait_s: float | None = None) -> LoopStats:
+        """Consume until ``stop()``; with ``until_idle``, return once every assigned partition is at its
+        end (``max_wait_s``: give up waiting for an assignment after that long)."""
+        started = time.monotonic()
+        self.consumer.subscribe([self.kafka_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+        try:
+            while not self._stop.is_set():
+                message = self.consumer.poll(poll_s)
+                if message is not None:
+                    self._take(message)
+                elif until_idle and (self._drained() or (max_wait_s is not None and not self._assigned
+                                                         and time.monotonic() - started > max_wait_s)):
+                    break
+        finally:
+            self.consumer.close()
+        return self.stats
+
+    def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
+        self._assigned |= {p.partition for p in partitions}
+
+    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
+        gone = {p.partition for p in partitions}
+        self._assigned -= gone
+        self._eof -= gone
+
+    def _drained(self) -> bool:
+        return bool(self._assigned) and self._assigned <= self._eof
+
+    def _take(self, message: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                self._eof.add(message.partition())
+            else:
+                log.warning("%s consumer: %s", self.component, error)
+            return
+        self._eof.discard(message.partition())
+        self.stats.messages += 1
+        value = message.value() or b""
+        try:
+            record = decode(value, self.settings.max_record_bytes)
+            if not isinstance(record, self.accepts):
+                err = CodecError(f"a {type(record).__name__} record on topic {self.topic}")
+                err.error_type = "wrong_topic"
+                raise err
+        except CodecError as err:
+            dead = self._dead_letter(message, value, err)
+            self.producer.deliver([(self.dead_letter_topic, dead.request_id, encode(dead))])
+            self.stats.dead_letters += 1
+            log.warning("%s consumer: offset %d of %s dead-lettered: %s", self.component, message.offset(),
+                        self.kafka_topic, err.reason)
+        else:
+            self.handle(record)
+            self.stats.handled += 1
+        self._commit(message)
+
+    def _commit(self, message: Any) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            self.consumer.commit(offsets=[TopicPartition(message.topic(), message.partition(), message.offset() + 1)],
+                                 asynchronous=False)
+            self.stats.commits += 1
+        except KafkaException as exc:  # a rebalance: the next owner re-reads it; handle() is idempotent
+            self.stats.commit_failures += 1
+            log.warning("%s consumer: commit of offset %d failed: %s", self.component, message.offset() + 1, exc)
+
+    def _dead_letter(self, message: Any, value: bytes, err: CodecError) -> DeadLetter:
+        """Same id derivation as the sinks' and the trainer's: a redelivery repeats the id."""
+        offset = message.offset()
+        return DeadLetter(
+            event_id=derived_event_id(f"{self.topic}/{message.partition()}/{offset}", "dead_letter", at=0.0),
+            emitted_at=time.time(),
+            node_id=f"{self.component}@{self.settings.node_id}",
+            seq=offset,
+            request_id=(message.key() or b"").decode(errors="replace"),
+            source_topic=self.topic,
+            source_partition=message.partition(),
+            source_offset=offset,
+            **dead_letter_fields(err, value),
+        )
+
+
+__all__ = ["DeliveringProducer", "DeliveryFailed", "LoopStats", "RecordConsumer"]

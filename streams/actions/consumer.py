@@ -1,0 +1,102 @@
+"""``entroloop actions``: the action runner as its own Kafka consumer of the alerts topic.
+
+Its own process (consumer group ``<prefix>entroloop-actions``), not an agent of the stream worker:
+runbook steps wait on webhooks with retries and backoff, and a slow gateway must never hold up the
+analytics. Per alert, at least once (``entroloop.infra.kafka_record_loop``):
+
+1. ``ActionRunner.process``: each matching runbook runs once per alert key (``ActionState``); its
+   Action and RetrainRequest records are queued in the state's outbox in the same transaction that
+   marks the execution finished;
+2. the outbox is delivered to the actions and retrain topics and acknowledged by the broker, then
+   cleared;
+3. only then is the alert's offset committed.
+
+A crash before 3 re-reads the alert: the finished execution is a duplicate (no second webhook) and
+the outbox, delivered again at start, brings any records the crash kept from Kafka (same ids: the
+sinks absorb a repeat). Alerts that cannot be decoded go to the dead-letter topic with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from entroloop.contract.codec import decode
+from entroloop.contract.records import Alert, Event
+from entroloop.contract.topics import topic_of
+from entroloop.infra.kafka_record_loop import DeliveringProducer, DeliveryFailed, RecordConsumer
+from streams.actions.runner import ActionRunner
+
+log = logging.getLogger(__name__)
+
+DELIVERY_ATTEMPTS = 5
+
+
+class ActionConsumer:
+    """Alerts from Kafka through ``runner`` (built with ``outbox=True``), outputs to Kafka."""
+
+    def __init__(self, settings: Any, runner: ActionRunner, *, session_timeout_s: float = 30.0,
+                 consumer_config: dict[str, Any] | None = None, sleep: Any = time.sleep) -> None:
+        if not runner.outbox:
+            raise ValueError("the action consumer needs an ActionRunner built with outbox=True")
+        self.settings = settings
+        self.runner = runner
+        self.prefix = settings.topic_prefix
+        self.producer = DeliveringProducer(settings.kafka_bootstrap, f"entroloop-actions-{settings.node_id}",
+                                           "entroloop.streams.actions.librdkafka")
+        self.loop = RecordConsumer(
+            settings, topic=Alert.topic, accepts=Alert, handle=self._handle,
+            group_id=f"{settings.topic_prefix}entroloop-actions", client_id=f"entroloop-actions-{settings.node_id}",
+            producer=self.producer, component="actions", session_timeout_s=session_timeout_s,
+            consumer_config=consumer_config,
+        )
+        self.published: Counter[str] = Counter()
+        self._sleep = sleep
+
+    def stop(self) -> None:
+        self.loop.stop()
+
+    def run(self, until_idle: bool = False, max_wait_s: float | None = None) -> dict[str, Any]:
+        """Deliver what a previous run left in the outbox, then consume until stopped (or idle)."""
+        resent = self.deliver_outbox()
+        if resent:
+            log.warning("actions: re-delivered %d record(s) a previous run had not delivered", resent)
+        try:
+            stats = self.loop.run(until_idle=until_idle, max_wait_s=max_wait_s)
+        finally:
+            undelivered = self.producer.close()
+        return {**stats.as_dict(), "resent_at_start": resent, "published": dict(self.published),
+                "outcomes": dict(self.runner.counters), "undelivered": undelivered}
+
+    def _handle(self, record: Event) -> None:
+        self.runner.process(record)
+        self.deliver_outbox()
+
+    def deliver_outbox(self) -> int:
+        """Send every queued record and clear it once acknowledged; retries with backoff, then raises
+        ``DeliveryFailed`` (the alert is not committed; a restart resumes from the outbox)."""
+        entries = self.runner.state.outbox()
+        if not entries:
+            return 0
+        messages = []
+        for _, value in entries:
+            record = decode(value, self.settings.max_record_bytes)
+            messages.append((self.prefix + topic_of(record).name, record.request_id, value))
+        for attempt in range(1, DELIVERY_ATTEMPTS + 1):
+            try:
+                self.producer.deliver(messages)
+                break
+            except DeliveryFailed as exc:
+                if attempt == DELIVERY_ATTEMPTS:
+                    raise
+                log.warning("actions: %s; retrying (%d/%d)", exc, attempt, DELIVERY_ATTEMPTS)
+                self._sleep(min(2.0 ** attempt, 30.0))
+        self.runner.state.delivered([entry_id for entry_id, _ in entries])
+        for topic, _, _ in messages:
+            self.published[topic.removeprefix(self.prefix)] += 1
+        return len(messages)
+
+
+__all__ = ["ActionConsumer"]

@@ -1,0 +1,123 @@
+"""`entroloop actions` against the real broker and a real local webhook receiver, with the packaged
+runbooks: alerts published -> webhooks called -> Action records on the actions topic; a poison
+record goes to the dead-letter topic; a restart calls no webhook twice; records a crash kept from
+Kafka (finished in the state, not yet delivered) are delivered at the next start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from entroloop.contract import codec
+from entroloop.contract.records import Action, Alert, DeadLetter, RetrainRequest
+from entroloop.contract.settings import load_settings
+from entroloop.contract.topics import TOPIC_BY_TYPE
+from entroloop.infra.kafka_topics import ensure_topics
+from streams.actions import ActionRunner
+from tests.integration.conftest import REPO_ROOT
+from tests.integration.test_publisher_kafka import consume_all
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 2
+AT = 1_790_000_000.0
+
+
+@pytest.fixture
+def actions_env(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, receiver) -> dict[str, str]:
+    ensure_topics(kafka_bootstrap, topic_prefix, PARTITIONS,
+                  topics=[TOPIC_BY_TYPE[t] for t in (Alert, Action, RetrainRequest, DeadLetter)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENTROLOOP_")}
+    env.update({
+        "ENTROLOOP_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "ENTROLOOP_TOPIC_PREFIX": topic_prefix,
+        "ENTROLOOP_PARTITIONS": str(PARTITIONS),
+        "ENTROLOOP_DATA_DIR": str(tmp_path / "data"),
+        "ENTROLOOP_NODE_ID": "actions-test",
+        "ENTROLOOP_ACTIONS_DRY_RUN": "false",
+        "ENTROLOOP_ACTIONS_GATEWAY_URL": receiver.url,
+        "ENTROLOOP_ACTIONS_WEBHOOK_ATTEMPTS": "1",
+        # no ENTROLOOP_ACTIONS_RUNBOOKS_DIR: the packaged runbooks
+    })
+    return env
+
+
+def alert(n: int, rule: str = "fallback_circuit_breaker", key: str | None = None) -> Alert:
+    from entroloop.contract.ids import derived_event_id
+
+    return Alert(event_id=derived_event_id(f"alert-{rule}-{n}", "alert", at=AT + n), emitted_at=AT + n, node_id="worker",
+                 seq=n, request_id=f"req-{n}", alert_key=key or f"{rule}:route-{n}", rule=rule, severity="critical",
+                 model="m", route=f"route-{n}", subject_node="node-1", value=0.9, threshold=0.5)
+
+
+def produce(bootstrap: str, prefix: str, items: list[tuple[str, bytes]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for key, value in items:
+        producer.produce(prefix + Alert.topic, key=key.encode(), value=value)
+    assert producer.flush(30) == 0
+
+
+def run_actions(env: dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "entroloop.cli", "actions", "--until-idle", "--json"], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_alerts_call_webhooks_once_and_publish_actions(kafka_bootstrap, topic_prefix, actions_env, receiver):
+    alerts = [alert(n) for n in range(3)]
+    repeat = alert(9, key=alerts[0].alert_key)  # the same finding alerted again (a new event)
+    produce(kafka_bootstrap, topic_prefix, [
+        *[(a.request_id, codec.encode(a)) for a in alerts],
+        ("bad", b"\x00 not a record"),
+        (repeat.request_id, codec.encode(repeat)),
+        ("other", codec.encode(alert(5, rule="no_runbook_for_this"))),
+    ])
+
+    stats = run_actions(actions_env)
+
+    assert (stats["messages"], stats["handled"], stats["dead_letters"]) == (6, 5, 1), stats
+    assert stats["commits"] == 6 and stats["published"] == {Action.topic: 3}, stats
+    assert stats["outcomes"]["ok"] == 3 and stats["outcomes"]["duplicates"] == 1, stats
+    assert sorted(receiver.paths()) == [f"/admin/routes/route-{n}/tier" for n in range(3)]
+    assert all(r.body["tier"] == "fallback" for r in receiver.requests)
+
+    actions = [r for r in consume_all(kafka_bootstrap, [topic_prefix + Action.topic], 3) if isinstance(r, Action)]
+    assert sorted(a.alert_key for a in actions) == sorted(a.alert_key for a in alerts)
+    assert {(a.action, a.outcome, a.runbook, a.dry_run) for a in actions} == {
+        ("switch_fallback", "ok", "fallback-on-circuit-breaker", False)}
+    assert {r.headers["Idempotency-Key"] for r in receiver.requests} == {a.action_id for a in actions}
+    dead = [r for r in consume_all(kafka_bootstrap, [topic_prefix + DeadLetter.topic], 1) if isinstance(r, DeadLetter)]
+    assert len(dead) == 1 and dead[0].source_topic == Alert.topic and dead[0].payload == b"\x00 not a record"
+
+    # restart: everything was committed, nothing is read or called again
+    again = run_actions(actions_env)
+    assert (again["messages"], again["resent_at_start"]) == (0, 0), again
+    assert len(receiver.requests) == 3
+
+
+def test_records_a_crash_kept_from_kafka_are_delivered_at_the_next_start(kafka_bootstrap, topic_prefix, actions_env,
+                                                                          receiver):
+    """The runner finished an execution (webhook called, records in the outbox) and died before its
+    records reached Kafka and before the alert's offset was committed."""
+    crashed = alert(1)
+    settings = load_settings(**{k.removeprefix("ENTROLOOP_").lower(): v for k, v in actions_env.items()
+                                if k.startswith("ENTROLOOP_")})
+    runner = ActionRunner.from_settings(settings, outbox=True)
+    produced = runner.process(crashed)
+    runner.state.close()
+    assert len(receiver.requests) == 1 and len(produced) == 1
+    produce(kafka_bootstrap, topic_prefix, [(crashed.request_id, codec.encode(crashed))])
+
+    stats = run_actions(actions_env)
+
+    assert stats["resent_at_start"] == 1 and stats["outcomes"] == {"duplicates": 1}, stats
+    assert len(receiver.requests) == 1  # the webhook was not called again
+    actions = [r for r in consume_all(kafka_bootstrap, [topic_prefix + Action.topic], 1) if isinstance(r, Action)]
+    assert [a.event_id for a in actions] == [produced[0].event_id]
