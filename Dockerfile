@@ -9,7 +9,9 @@ COPY collectors ./collectors
 COPY streams ./streams
 COPY sinks ./sinks
 COPY training ./training
-RUN pip install --no-cache-dir ".[${EXTRAS}]" && mkdir -p /var/lib/entroloop && chown nobody /var/lib/entroloop
+# The runbooks ship inside the package (streams/actions/builtin_runbooks): the build fails if they did not.
+RUN pip install --no-cache-dir ".[${EXTRAS}]" && mkdir -p /var/lib/entroloop && chown nobody /var/lib/entroloop \
+    && cd / && python -c "from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR as d, load_runbooks; load_runbooks(d)"
 USER nobody
 ENTRYPOINT ["entroloop"]
 CMD ["--help"]

@@ -77,20 +77,23 @@ def resolve_command(tokens: list[str]) -> Any:
 
 def test_compose_parses_and_has_the_stack(services: dict[str, dict[str, Any]]) -> None:
     expected = {"kafka", "clickhouse", "minio", "minio-init", "grafana", "migrate", "worker", "sink-clickhouse",
-                "sink-audit", "trainer"}
+                "sink-audit", "trainer", "actions"}
     assert expected <= set(services), f"missing services: {expected - set(services)}"
     assert services["kafka"]["image"].startswith("apache/kafka:4.")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
     assert services["clickhouse"]["image"].startswith("clickhouse/clickhouse-server:")
     assert services["trainer"].get("profiles") == ["training"]
     assert services["trainer"]["command"] == ["trainer"]
+    # the action runner: its own service (a slow webhook never holds up the workers), state in a volume
+    assert services["actions"]["command"][0] == "actions" and "profiles" not in services["actions"]
+    assert any(v.startswith("actions-data:") for v in services["actions"]["volumes"])
 
 
 def test_every_entroloop_command_exists_in_the_cli(services: dict[str, dict[str, Any]]) -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r'^ENTRYPOINT \["entroloop"\]', dockerfile, re.M), "the image's entrypoint must be the CLI"
     ours = entroloop_services(services)
-    assert {"migrate", "worker", "sink-clickhouse", "sink-audit", "trainer"} <= set(ours)
+    assert {"migrate", "worker", "sink-clickhouse", "sink-audit", "trainer", "actions"} <= set(ours)
     for name, service in ours.items():
         command = service.get("command")
         assert isinstance(command, list) and command, f"{name}: command must be a list of CLI words"

@@ -89,3 +89,21 @@ def test_unload_can_go_straight_to_vllm_and_rollback_goes_to_the_gateway():
     assert (back.steps[0].endpoint, back.steps[0].url_path) == ("gateway", "/admin/adapters/{adapter}/rollback")
     with pytest.raises(RunbookError, match="endpoint"):
         parse_runbook("name: c\nversion: 1\nmatch: {rules: [r]}\nsteps: [{kind: pause_node, endpoint: vllm}]\n")
+
+
+def test_the_embedded_runner_refuses_a_missing_runbook_folder_before_opening_anything(tmp_path):
+    from entroloop.contract.settings import load_settings
+    from entroloop.runner import EmbeddedRunner
+
+    data = tmp_path / "data"
+    with pytest.raises(RunbookError, match="ENTROLOOP_ACTIONS_RUNBOOKS_DIR"):
+        EmbeddedRunner(load_settings(data_dir=data, actions_runbooks_dir=tmp_path / "typo"))
+    assert not data.exists()
+
+
+def test_the_runbooks_are_package_data():
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[4] / "pyproject.toml").read_text())
+    assert (BUILTIN_RUNBOOKS_DIR / "__init__.py").exists()  # a package, so setuptools' find ships its data
+    assert "*.yaml" in pyproject["tool"]["setuptools"]["package-data"]["*"]
