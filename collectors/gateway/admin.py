@@ -238,7 +238,7 @@ class AdminApi:
                 raw = await request.body()
                 body = json.loads(raw) if raw.strip() else {}
                 if not isinstance(body, dict):
-                    raise ValueError("the body must be a JSON object")
+                    raise ValueError("the body must be a JSON object")  # noqa: TRY004 - a 400, like bad JSON
                 status, answer = await action(kind, request.path_params["name"], body, request)
             except ValueError as exc:  # bad JSON or field (JSONDecodeError is a ValueError)
                 return openai_error(400, str(exc), "invalid_admin_request")
@@ -317,4 +317,4 @@ class AdminApi:
                      "upstream_status": answer.status_code, "upstream_response": detail, **hold.as_dict(hold.since)}
 
 
-__all__ = ["AdminApi", "AdminRouting", "AdminState", "Hold", "PauseMiddleware", "TierTransport", "PRIMARY_ONLY", "TIERS"]
+__all__ = ["PRIMARY_ONLY", "TIERS", "AdminApi", "AdminRouting", "AdminState", "Hold", "PauseMiddleware", "TierTransport"]

@@ -31,7 +31,13 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from collectors.gateway.admin import AdminApi, AdminRouting, AdminState, PauseMiddleware, TierTransport
+from collectors.gateway.admin import (
+    AdminApi,
+    AdminRouting,
+    AdminState,
+    PauseMiddleware,
+    TierTransport,
+)
 from collectors.gateway.auth import INFERENCE_PATHS, AuthMiddleware, GatewayConfigError
 from collectors.gateway.completions import AUDITED_PATHS, Gateway, Publish
 from collectors.gateway.config import GatewayConfig

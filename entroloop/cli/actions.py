@@ -66,8 +66,8 @@ def actions(
     from entroloop.infra.kafka_record_loop import DeliveryFailed
     from entroloop.infra.kafka_topics import ensure_topics
     from streams.actions import ActionRunner, RunbookError
-    from streams.actions.runbooks import runbooks_from_settings
     from streams.actions.consumer import ActionConsumer
+    from streams.actions.runbooks import runbooks_from_settings
 
     if log_level.lower() not in LOG_LEVELS:
         console.print(f"[red]--log-level must be one of {', '.join(LOG_LEVELS)}[/red]")

@@ -26,7 +26,11 @@ from typing import Any
 from entroloop.contract.codec import decode
 from entroloop.contract.records import Alert, Event
 from entroloop.contract.topics import topic_of
-from entroloop.infra.kafka_record_loop import DeliveringProducer, DeliveryFailed, RecordConsumer
+from entroloop.infra.kafka_record_loop import (
+    DeliveringProducer,
+    DeliveryFailed,
+    RecordConsumer,
+)
 from streams.actions.runner import ActionRunner
 
 log = logging.getLogger(__name__)

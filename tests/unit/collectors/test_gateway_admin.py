@@ -19,7 +19,13 @@ from collectors.gateway.app import GatewayConfig, create_app
 from collectors.gateway.auth import ApiKeys
 from entroloop.contract.records import Action, Alert
 from entroloop.infra.pii import PiiRedactor
-from streams.actions import ActionRunner, ActionState, WebhookClient, load_runbooks, parse_runbook
+from streams.actions import (
+    ActionRunner,
+    ActionState,
+    WebhookClient,
+    load_runbooks,
+    parse_runbook,
+)
 from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
 from tests.unit.collectors.served_app import ServedApp
 
@@ -194,7 +200,7 @@ def test_rollback_routes_around_the_adapter_without_unloading_it(gateway, engine
 
 
 def test_a_repeated_idempotency_key_gets_the_first_answer_without_acting_again(gateway):
-    url, app = gateway
+    url, _ = gateway
     first = _admin(url, f"/admin/nodes/{NODE}/pause", {"duration_s": 60}, **{"Idempotency-Key": "act-1"})
     _admin(url, f"/admin/nodes/{NODE}/resume")
     again = _admin(url, f"/admin/nodes/{NODE}/pause", {"duration_s": 60}, **{"Idempotency-Key": "act-1"})
@@ -210,10 +216,10 @@ on_failure: continue
 steps:
   - {kind: pause_route, duration_s: 120}
   - {kind: switch_fallback, duration_s: 120}
-  - {kind: rollback_adapter, lora_name: "%s"}
-  - {kind: unload_adapter, lora_name: "%s"}
+  - {kind: rollback_adapter, lora_name: "LORA"}
+  - {kind: unload_adapter, lora_name: "LORA"}
   - {kind: pause_node, duration_s: 120}
-""" % (LORA, LORA)
+""".replace("LORA", LORA)
 
 
 def _alert(rule: str) -> Alert:

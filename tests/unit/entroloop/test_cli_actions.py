@@ -18,7 +18,7 @@ def _run(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     # a real process: librdkafka writes its retry log to the process's stderr, not through click
     environment = {"PATH": "/usr/bin:/bin", "ENTROLOOP_DATA_DIR": str(tmp_path / "data"), **env}
     return subprocess.run([sys.executable, "-m", "entroloop.cli", "actions", *args], capture_output=True, text=True,
-                          timeout=60, env=environment)
+                          timeout=60, env=environment, check=False)
 
 
 def test_help_explains_and_spells_options_like_the_other_commands():

@@ -28,7 +28,6 @@ from streams.actions import (
     load_runbooks,
     parse_runbook,
 )
-
 from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
 
 REPO_RUNBOOKS = load_runbooks(BUILTIN_RUNBOOKS_DIR)

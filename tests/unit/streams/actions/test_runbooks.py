@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR, RunbookError, load_runbooks, parse_runbook
+from streams.actions.runbooks import (
+    BUILTIN_RUNBOOKS_DIR,
+    RunbookError,
+    load_runbooks,
+    parse_runbook,
+)
 
 REPO_RUNBOOKS = BUILTIN_RUNBOOKS_DIR
 
