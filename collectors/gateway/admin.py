@@ -149,27 +149,27 @@ class PauseMiddleware:
         await self.app(scope, receive, send)
 
 
-class TierTransport(httpx.AsyncBaseTransport):
-    """Sends the gateway's upstream calls to the fallback upstream while its route's tier is forced."""
+class TierRedirect:
+    """An httpx request hook of the gateway's upstream client: while its route's tier is forced to
+    ``fallback``, every upstream call goes to the fallback upstream instead. A hook, not a transport,
+    so the URL is rewritten before httpx picks the transport (an environment proxy applies to the
+    fallback as it would to the primary)."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport, state: AdminState, route: str, primary: str, fallback: str) -> None:
-        self.inner, self.state, self.route = inner, state, route
+    def __init__(self, state: AdminState, route: str, primary: str, fallback: str) -> None:
+        self.state, self.route = state, route
         self._primary_path = httpx.URL(primary).path.rstrip("/")
         self._fallback = httpx.URL(fallback) if fallback else None
         self.redirected = 0
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if (self._fallback is not None and not request.extensions.get(PRIMARY_ONLY)
-                and self.state.tier(self.route) == "fallback"):
-            rest = request.url.path.removeprefix(self._primary_path)
-            url = self._fallback.copy_with(path=self._fallback.path.rstrip("/") + rest, query=request.url.query or None)
-            request.url = url
-            request.headers["Host"] = url.netloc.decode("ascii")
-            self.redirected += 1
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+    async def __call__(self, request: httpx.Request) -> None:
+        if (self._fallback is None or request.extensions.get(PRIMARY_ONLY)
+                or self.state.tier(self.route) != "fallback"):
+            return
+        rest = request.url.path.removeprefix(self._primary_path)
+        url = self._fallback.copy_with(path=self._fallback.path.rstrip("/") + rest, query=request.url.query or None)
+        request.url = url
+        request.headers["Host"] = url.netloc.decode("ascii")
+        self.redirected += 1
 
 
 class AdminRouting:
@@ -317,4 +317,4 @@ class AdminApi:
                      "upstream_status": answer.status_code, "upstream_response": detail, **hold.as_dict(hold.since)}
 
 
-__all__ = ["PRIMARY_ONLY", "TIERS", "AdminApi", "AdminRouting", "AdminState", "Hold", "PauseMiddleware", "TierTransport"]
+__all__ = ["PRIMARY_ONLY", "TIERS", "AdminApi", "AdminRouting", "AdminState", "Hold", "PauseMiddleware", "TierRedirect"]

@@ -36,7 +36,7 @@ from collectors.gateway.admin import (
     AdminRouting,
     AdminState,
     PauseMiddleware,
-    TierTransport,
+    TierRedirect,
 )
 from collectors.gateway.auth import INFERENCE_PATHS, AuthMiddleware, GatewayConfigError
 from collectors.gateway.completions import AUDITED_PATHS, Gateway, Publish
@@ -66,11 +66,11 @@ def create_app(
     policy = config.access_policy()
     publish = counted(publish)
     admin = AdminState()
-    # the admin API's live levers: a forced fallback tier redirects upstream calls, a disabled
-    # adapter is routed around, a paused node or route is refused (PauseMiddleware below)
-    tiers = TierTransport(transport or httpx.AsyncHTTPTransport(), admin, config.route, config.upstream,
-                          config.fallback_upstream)
-    gateway = Gateway(config, publish, redactor, tiers, AdminRouting(admin, routing))  # type: ignore[arg-type]
+    # the admin API's live levers: a disabled adapter is routed around, a forced fallback tier
+    # redirects upstream calls, a paused node or route is refused (PauseMiddleware below)
+    gateway = Gateway(config, publish, redactor, transport, AdminRouting(admin, routing))  # type: ignore[arg-type]
+    gateway.client.event_hooks["request"].append(
+        TierRedirect(admin, config.route, config.upstream, config.fallback_upstream))
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
