@@ -225,3 +225,24 @@ def test_runner_settings_wire_runbooks_state_and_dry_run(tmp_path):
     assert runner.dry_run is True  # acting for real is an explicit choice
     assert {r.name for r in runner.runbooks} == {r.name for r in REPO_RUNBOOKS}
     assert Path(runner.state.path) == tmp_path / "actions" / "state.sqlite"
+
+
+def test_outbox_keeps_an_executions_records_until_delivered_and_only_when_asked(receiver, sink, tmp_path):
+    from entroloop.contract.codec import decode
+
+    runbook = next(r for r in REPO_RUNBOOKS if r.name == "fallback-on-circuit-breaker")
+    alert = _alert("fallback_circuit_breaker", 1)
+    plain = _runner([runbook], ActionState(tmp_path / "plain.sqlite"), receiver, sink, tmp_path)
+    plain.process(alert)
+    assert plain.state.outbox() == []  # the embedded runner publishes itself: nothing piles up
+
+    state = ActionState(tmp_path / "outbox.sqlite")
+    runner = _runner([runbook], state, receiver, sink, tmp_path)
+    runner.outbox = True
+    out = runner.process(alert)
+    reopened = ActionState(tmp_path / "outbox.sqlite")  # survives the process, like the execution itself
+    queued = reopened.outbox()
+    assert [decode(value).event_id for _, value in queued] == [r.event_id for r in out]
+    assert runner.process(alert) == [] and len(reopened.outbox()) == 1  # a duplicate queues nothing more
+    reopened.delivered([entry_id for entry_id, _ in queued])
+    assert state.outbox() == []
