@@ -65,6 +65,7 @@ def actions(
     from entroloop.contract.topics import TOPIC_BY_TYPE
     from entroloop.infra.kafka_record_loop import DeliveryFailed
     from entroloop.infra.kafka_topics import ensure_topics
+    from entroloop.infra.metrics import serve_metrics
     from streams.actions import ActionRunner, RunbookError
     from streams.actions.consumer import ActionConsumer
     from streams.actions.runbooks import runbooks_from_settings
@@ -89,6 +90,7 @@ def actions(
     ensure_topics(settings.kafka_bootstrap, settings.topic_prefix, settings.partitions,
                   topics=[TOPIC_BY_TYPE[t] for t in (Alert, Action, RetrainRequest, DeadLetter)])
     consumer = ActionConsumer(settings, runner, session_timeout_s=session_timeout_s)
+    serve_metrics(settings.metrics_port)  # ENTROLOOP_METRICS_PORT: records in/out, dead letters, actions, last commit
 
     def stop(_signum: int, _frame: Any) -> None:
         consumer.stop()

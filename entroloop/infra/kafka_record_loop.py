@@ -9,7 +9,8 @@ a batch insert (the sinks have their own batched loop in ``sinks/kafka_sink.py``
    committed: a poison record is kept and skipped, never fatal, never retried forever);
 2. ``handle(record)``: the caller makes its effect durable before returning (an exception stops
    the loop without a commit: the record is read again after a restart);
-3. commit ``offset + 1`` synchronously. A commit lost to a rebalance means the next owner reads
+3. commit ``offset + 1`` synchronously (``entroloop.infra.metrics`` counts records in, dead
+   letters and the last commit per ``component``). A commit lost to a rebalance means the next owner reads
    the record again: ``handle`` must be idempotent (the action runner's ``ActionState`` is).
 
 ``DeliveringProducer`` is the producer for outputs and dead letters: ``deliver`` returns only once
@@ -29,6 +30,7 @@ from entroloop.contract.codec import CodecError, dead_letter_fields, decode, enc
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
+from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, mark_commit
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +172,7 @@ class RecordConsumer:
             return
         self._eof.discard(message.partition())
         self.stats.messages += 1
+        EVENTS_IN.labels(self.component, self.topic).inc()
         value = message.value() or b""
         try:
             record = decode(value, self.settings.max_record_bytes)
@@ -181,6 +184,7 @@ class RecordConsumer:
             dead = self._dead_letter(message, value, err)
             self.producer.deliver([(self.dead_letter_topic, dead.request_id, encode(dead))])
             self.stats.dead_letters += 1
+            DEAD_LETTERS.labels(self.component, self.topic).inc()
             log.warning("%s consumer: offset %d of %s dead-lettered: %s", self.component, message.offset(),
                         self.kafka_topic, err.reason)
         else:
@@ -195,6 +199,7 @@ class RecordConsumer:
             self.consumer.commit(offsets=[TopicPartition(message.topic(), message.partition(), message.offset() + 1)],
                                  asynchronous=False)
             self.stats.commits += 1
+            mark_commit(self.component)
         except KafkaException as exc:  # a rebalance: the next owner re-reads it; handle() is idempotent
             self.stats.commit_failures += 1
             log.warning("%s consumer: commit of offset %d failed: %s", self.component, message.offset() + 1, exc)

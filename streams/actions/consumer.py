@@ -24,13 +24,14 @@ from collections import Counter
 from typing import Any
 
 from entroloop.contract.codec import decode
-from entroloop.contract.records import Alert, Event
+from entroloop.contract.records import Action, Alert, Event
 from entroloop.contract.topics import topic_of
 from entroloop.infra.kafka_record_loop import (
     DeliveringProducer,
     DeliveryFailed,
     RecordConsumer,
 )
+from entroloop.infra.metrics import ACTIONS, EVENTS_OUT
 from streams.actions.runner import ActionRunner
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,10 @@ class ActionConsumer:
         entries = self.runner.state.outbox()
         if not entries:
             return 0
-        messages = []
+        messages, records = [], []
         for _, value in entries:
             record = decode(value, self.settings.max_record_bytes)
+            records.append(record)
             messages.append((self.prefix + topic_of(record).name, record.request_id, value))
         for attempt in range(1, DELIVERY_ATTEMPTS + 1):
             try:
@@ -98,8 +100,12 @@ class ActionConsumer:
                 log.warning("actions: %s; retrying (%d/%d)", exc, attempt, DELIVERY_ATTEMPTS)
                 self._sleep(min(2.0 ** attempt, 30.0))
         self.runner.state.delivered([entry_id for entry_id, _ in entries])
-        for topic, _, _ in messages:
-            self.published[topic.removeprefix(self.prefix)] += 1
+        for record in records:
+            topic = topic_of(record).name
+            self.published[topic] += 1
+            EVENTS_OUT.labels("actions", topic).inc()
+            if isinstance(record, Action):
+                ACTIONS.labels(record.runbook, record.outcome).inc()
         return len(messages)
 
 
