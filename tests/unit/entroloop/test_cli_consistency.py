@@ -4,6 +4,7 @@ that never create folders, and a dead broker reported in one line (issue 13 item
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -57,16 +58,22 @@ def test_read_commands_refuse_a_missing_data_folder_and_create_nothing(tmp_path,
     assert not missing.exists()
 
 
+def _entroloop(*args: str) -> subprocess.CompletedProcess:
+    """The command in its own process: chDB opens one data folder per process, and this test
+    session may already hold another."""
+    return subprocess.run([sys.executable, "-m", "entroloop.cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ENTROLOOP_CLICKHOUSE_DSN": ""})
+
+
 def test_migrate_json_and_create_make_a_new_store(tmp_path):
     folder = tmp_path / "new"
-    result = runner.invoke(app, ["migrate", "--create", "--json", "--data-dir", str(folder)],
-                           env={"ENTROLOOP_CLICKHOUSE_DSN": ""})
-    assert result.exit_code == 0, result.output
-    applied = json.loads(result.output.strip().splitlines()[-1])["applied"]
+    first = _entroloop("migrate", "--create", "--json", "--data-dir", str(folder))
+    assert first.returncode == 0, first.stderr
+    applied = json.loads(first.stdout.strip().splitlines()[-1])["applied"]
     assert applied and applied[0].startswith("0001_")
-    again = runner.invoke(app, ["migrate", "--json", "--data-dir", str(folder)], env={"ENTROLOOP_CLICKHOUSE_DSN": ""})
-    assert again.exit_code == 0, again.output
-    assert json.loads(again.output.strip().splitlines()[-1]) == {"applied": []}
+    again = _entroloop("migrate", "--json", "--data-dir", str(folder))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1]) == {"applied": []}
 
 
 def test_settings_json_masks_secrets():
