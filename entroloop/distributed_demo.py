@@ -3,7 +3,8 @@
 The fleet publishes through the serving-node publisher onto a fresh topic prefix; one
 `entroloop worker` process runs the processors until every input topic is consumed and the
 topics stop growing; then the ClickHouse and audit sinks run as processes until they have
-committed everything; the verdict is read back from their storage exactly as the embedded
+committed everything, `entroloop actions` runs the runbooks of every alert, and the sinks store
+its Action records; the verdict is read back from their storage exactly as the embedded
 demo's is. Each stage is a separate process talking only through Kafka, as in production.
 """
 
@@ -93,6 +94,14 @@ def _distinct_ids(bootstrap: str, topics: list[str]) -> dict[str, int]:
     return {t: len(ids) for t, ids in seen.items()}
 
 
+def _run_sinks(env: dict[str, str], data: Path, timeout_s: float, status: Callable[[str], None]) -> None:
+    status("sinks: writing ClickHouse and the audit log")
+    sinks = [_cli("sink", kind, "--until-empty", env=env, log=data / f"sink-{kind}.log") for kind in ("clickhouse", "audit")]
+    for sink in sinks:
+        if sink.wait(timeout_s) != 0:
+            raise RuntimeError(f"a sink exited with {sink.returncode} (see {data}/sink-*.log)")
+
+
 def run(settings: Settings, requests: int, seed: int, status: Callable[[str], None] = lambda _: None, timeout_s: float = 600.0) -> dict[str, Any]:
     data = Path(settings.data_dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
@@ -132,11 +141,15 @@ def run(settings: Settings, requests: int, seed: int, status: Callable[[str], No
             worker.wait(60)
         except subprocess.TimeoutExpired:
             worker.kill()
-    status("sinks: writing ClickHouse and the audit log")
-    sinks = [_cli("sink", kind, "--until-empty", env=env, log=data / f"sink-{kind}.log") for kind in ("clickhouse", "audit")]
-    for sink in sinks:
-        if sink.wait(timeout_s) != 0:
-            raise RuntimeError(f"a sink exited with {sink.returncode} (see {data}/sink-*.log)")
+    _run_sinks(env, data, timeout_s, status)
+    # The action runner after the first sink pass, so its case bundles find the alerted requests in
+    # ClickHouse (chDB: one process per folder, so never beside a sink); a second pass stores its
+    # Action records.
+    status("actions: running the runbooks of every alert")
+    actions = _cli("actions", "--until-idle", env=env, log=data / "actions.log")
+    if actions.wait(timeout_s) != 0:
+        raise RuntimeError(f"`entroloop actions` exited with {actions.returncode} (see {data}/actions.log)")
+    _run_sinks(env, data, timeout_s, status)
     derived = [t for t in TOPICS if not t.source]
     emitted = dict(truth.emitted)
     emitted.update({t.name: n for t, n in zip(derived, _distinct_ids(bootstrap, [prefix + t.name for t in derived]).values())})

@@ -1,5 +1,5 @@
 """`entroloop demo --broker`: the same fleet and verdict as the embedded demo, through a real broker,
-a real `entroloop worker` process and the two sink processes."""
+a real `entroloop worker` process, the two sink processes and the `entroloop actions` runner."""
 
 from __future__ import annotations
 
@@ -32,3 +32,5 @@ def test_demo_through_kafka_loses_nothing_and_finds_everything(kafka_bootstrap, 
     assert summary["audit_records"] == 600
     assert summary["anomalies"]["recall"] >= 0.95 and summary["anomalies"]["precision"] >= 0.9
     assert summary["bad_cases"]["right_label"] == summary["bad_cases"]["corrections_injected"] > 0
+    # the alerts' runbooks ran in `entroloop actions` and their Action records were stored
+    assert summary["stored"]["entroloop.actions.v1"] == summary["events_emitted"]["entroloop.actions.v1"] > 0
