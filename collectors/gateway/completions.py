@@ -43,7 +43,11 @@ from collectors.gateway import capture, passthrough
 from collectors.gateway.audit_records import build_records
 from collectors.gateway.config import GatewayConfig
 from collectors.gateway.exchange import Exchange
-from collectors.gateway.logprobs import approximate_entropies, approximate_token_hashes, restore_client_logprobs
+from collectors.gateway.logprobs import (
+    approximate_entropies,
+    approximate_token_hashes,
+    restore_client_logprobs,
+)
 from collectors.gateway.params import InvalidRequest, parse_body
 from collectors.gateway.routing import RoutingTable
 from collectors.gateway.streaming import StreamCollector, error_event

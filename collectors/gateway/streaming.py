@@ -7,7 +7,11 @@ import time
 from typing import Any
 
 from collectors.gateway.exchange import Exchange
-from collectors.gateway.logprobs import approximate_entropies, approximate_token_hashes, restore_client_logprobs
+from collectors.gateway.logprobs import (
+    approximate_entropies,
+    approximate_token_hashes,
+    restore_client_logprobs,
+)
 
 
 class StreamCollector:

@@ -122,7 +122,10 @@ def run_corpora(settings: Settings, folder: Path = CORPUS_DIR,
 def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str) -> dict[str, dict[str, Any]]:
     """Per-request precision and recall of each entropy detector on one labelled corpus (the
     `entroloop eval entropy` format), in file order through fresh detectors, and its events/s."""
-    from entroloop.cli.eval import EntropyLine, read_jsonl  # the eval's own reader: same format, same errors
+    from entroloop.cli.eval import (  # the eval's own reader: same format, same errors
+        EntropyLine,
+        read_jsonl,
+    )
 
     lines = read_jsonl(path, EntropyLine)
     records = []
