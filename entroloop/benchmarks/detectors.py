@@ -89,12 +89,31 @@ def run(requests: int = 3000, seed: int = 11, with_intent: bool | None = None, p
         if isinstance(processor, IntentSimilarityScorer):
             results.update(_intent(processor, inputs, labels, settings))
             continue
+        load, cpu = os.getloadavg()[0], time.process_time()
         rate, out = _rate(processor, inputs)
+        cpu_rate = len(inputs) / max(time.process_time() - cpu, 1e-9)
         if processor.name == "response_rules":  # its per-response verdicts, not its window counts
             out = [r for r in inputs if any(v.rule == "amount_format" for v in processor.rules.check_response(r.response))]
-        results.update(_quality(processor.name, out, labels, rate))
+        quality = _quality(processor.name, out, labels, rate)
+        if isinstance(processor, EntropyAnomalyDetector) and processor.evidence is not None:
+            baseline = _static_rules_baseline(settings, inputs, rate, cpu_rate, load)
+            for res in quality.values():  # loops and gibberish: one processor, one timing
+                res["baseline"] = baseline
+        results.update(quality)
     results.update(run_corpora(settings, progress=progress))
     return results
+
+
+def _static_rules_baseline(settings: Settings, inputs: Sequence[Event], rate: float, cpu_rate: float,
+                           load: float) -> str:
+    """The evidence mode's price: the static rules alone timed on the same records in the same run."""
+    static = EntropyAnomalyDetector.from_settings(settings.model_copy(update={"entropy_evidence": False}))
+    cpu = time.process_time()
+    static_rate, _ = _rate(static, inputs)
+    static_cpu = len(inputs) / max(time.process_time() - cpu, 1e-9)
+    return (f"evidence on; {round(cpu_rate):,} per CPU-second; static rules alone in the same run: "
+            f"{round(static_rate):,}/s, {round(static_cpu):,} per CPU-second (x{rate / static_rate:.2f} wall, "
+            f"x{cpu_rate / static_cpu:.2f} CPU); load average {load:.1f} on {os.cpu_count()} cores")
 
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "entropy"
