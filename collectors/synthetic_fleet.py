@@ -316,7 +316,7 @@ def malformed_payloads(rng: np.random.Generator, valid: bytes) -> list[tuple[str
 
     decoded = msgspec.msgpack.decode(valid)
     future = dict(decoded, schema_version=99)
-    nan = dict(decoded, entropies=pack_entropies([2.0, float("nan"), 3.0])) if "entropies" in decoded else None
+    nan = dict(decoded, entropies=pack_entropies([2.0, float("nan"), 3.0]), token_hashes=b"") if "entropies" in decoded else None
     payloads = [
         ("malformed", valid[: max(1, len(valid) // 2)]),
         ("malformed", bytes(rng.integers(0, 256, 64, dtype=np.uint8))),
