@@ -8,6 +8,21 @@ Entropy statistics follow the product brief: normal tokens mostly within 2.1-3.8
 process around a per-model level, with brief natural dips to near-certain tokens and isolated
 spikes, as real generations have), repetition loops as long runs below 1.5 nats, gibberish as runs
 above 4.5 nats. Lengths are long-tailed (log-normal). Prompts are Chinese and English.
+
+Every TokenEntropy record also carries the sampled token ids (``token_hashes``), as the entropy tap
+sends them, so the evidence rules (streams/entropy_evidence.py) can judge the fleet as they judge
+real traffic:
+
+- a loop is what a model stuck in one does: a cycle of 1-8 token ids repeated for at least
+  ``LOOP_MIN_TOKENS`` tokens, each position of the cycle with (nearly) the same low entropy every
+  time round, since the same context gives the same distribution;
+- gibberish is near-uniform sampling over a large part of a ~150k vocabulary: 7-11 nats, sustained
+  for at least ``GIBBERISH_MIN_TOKENS`` tokens (a few uncertain tokens are a name, not gibberish);
+- normal text samples ids without short cycles.
+
+The ids, the cycles and the jitter come from a second random stream (``token_rng``): the main
+stream makes exactly the draws it made before ids existed, so lengths, models, routes, feedback and
+every other label of a seeded fleet are unchanged.
 """
 
 from __future__ import annotations
@@ -27,7 +42,19 @@ from entroloop.contract.records import (
     Span,
     TokenEntropy,
     pack_entropies,
+    pack_token_hashes,
 )
+
+VOCAB = 151_646
+"""Token ids are drawn below this (a Qwen2-sized vocabulary)."""
+LOOP_MIN_TOKENS = 24
+"""Shortest injected loop: the evidence's entropy-only minimum (``Settings.loop_min_tokens_entropy_only``),
+so a loop is one with or without its ids; 3 turns of the longest cycle (8)."""
+LOOP_MAX_PERIOD = 8
+GIBBERISH_MIN_TOKENS = 20
+"""Shortest injected gibberish: one rolling-median window (``Settings.entropy_band_window``)."""
+GIBBERISH_SHIFT_NATS = 2.4
+"""Added to the main stream's gibberish draws (N(5.6, 0.45) clipped to 4.6-9.0): 7.0-11.4 nats."""
 
 # (language, prompt template, answer template, correct-format answer used as the user's correction)
 # The {amount} answers carry the brief's currency format: two decimals and the unit.
@@ -110,6 +137,7 @@ class SyntheticFleet:
     def __init__(self, seed: int = 7, config: FleetConfig | None = None, start_time: float | None = None) -> None:
         self.config = config or FleetConfig()
         self.rng = np.random.default_rng(seed)
+        self.token_rng = np.random.default_rng([seed, 1])  # ids and cycles: see the module docstring
         self.nodes = [NodeStamper(f"node-{i}") for i in range(self.config.nodes)]
         self.gateway = NodeStamper("gateway-0")
         self.clock = start_time if start_time is not None else default_start_time()
@@ -137,18 +165,37 @@ class SyntheticFleet:
         values[spikes] = rng.uniform(4.6, 5.6, spikes.size)
         return np.clip(values, 0.01, 7.0)
 
-    def _inject_run(self, values: np.ndarray, low: bool) -> tuple[int, int]:
+    def normal_ids(self, n: int) -> np.ndarray:
+        """Sampled ids of normal text: no short cycles (a repeat at lag <= 12 is a ~1e-4 event)."""
+        return self.token_rng.integers(0, VOCAB, n)
+
+    def _inject_run(self, values: np.ndarray, ids: np.ndarray, low: bool) -> tuple[int, int]:
         n = len(values)
-        length = int(min(n - 1, self.rng.integers(12, 160) if low else self.rng.integers(8, 60)))
-        start = int(self.rng.integers(0, max(1, n - length)))
-        if low:  # a loop: the model is nearly certain of each repeated token
-            values[start : start + length] = self.rng.uniform(0.02, 1.2, length)
+        # The main stream's draws, exactly as before ids existed (see the module docstring) ...
+        drawn_length = int(min(n - 1, self.rng.integers(12, 160) if low else self.rng.integers(8, 60)))
+        drawn_start = int(self.rng.integers(0, max(1, n - drawn_length)))
+        if low:
+            drawn = self.rng.uniform(0.02, 1.2, drawn_length)
+        else:
+            drawn = np.clip(self.rng.normal(5.6, 0.45, drawn_length), 4.6, 9.0) + GIBBERISH_SHIFT_NATS
+        edge_values = [float(self.rng.uniform(2.4, 3.4)) for edge in (drawn_start - 1, drawn_start + drawn_length)
+                       if 0 <= edge < n]
+        # ... then the run as the evidence defines it: long enough, and for a loop a real cycle.
+        length = min(n, max(drawn_length, LOOP_MIN_TOKENS if low else GIBBERISH_MIN_TOKENS))
+        start = min(drawn_start, n - length)
+        if low:  # a loop: a cycle of ids, each position nearly as certain every time round
+            period = int(self.token_rng.integers(1, min(LOOP_MAX_PERIOD, length // 3) + 1))
+            cycle_ids = self.token_rng.integers(0, VOCAB, period)
+            cycle = drawn[:period]
+            jitter = self.token_rng.normal(0.0, 0.01, length)
+            values[start : start + length] = np.clip(np.resize(cycle, length) + jitter, 0.01, 1.3)
+            ids[start : start + length] = np.resize(cycle_ids, length)
         else:  # gibberish: close to uniform over a large part of the vocabulary
-            values[start : start + length] = np.clip(self.rng.normal(5.6, 0.45, length), 4.6, 9.0)
+            values[start : start + length] = np.resize(drawn, length)
+            ids[start : start + length] = self.token_rng.integers(0, VOCAB, length)
         # keep the tokens around the injected run normal so the labelled span is the run itself
-        for edge in (start - 1, start + length):
-            if 0 <= edge < n:
-                values[edge] = self.rng.uniform(2.4, 3.4)
+        for edge, value in zip([e for e in (start - 1, start + length) if 0 <= e < n], edge_values + [2.9, 2.9]):
+            values[edge] = value
         return start, start + length
 
     # --- requests --------------------------------------------------------------------------------
@@ -177,10 +224,11 @@ class SyntheticFleet:
         labels = Labels(request_id, model, route, language, n_tokens)
 
         values = self.normal_entropies(n_tokens, self.model_level[model])
+        ids = self.normal_ids(n_tokens)
         if rng.random() < cfg.loop_rate and n_tokens >= 16:
-            labels.loops.append(self._inject_run(values, low=True))
+            labels.loops.append(self._inject_run(values, ids, low=True))
         elif rng.random() < cfg.gibberish_rate and n_tokens >= 12:
-            labels.gibberish.append(self._inject_run(values, low=False))
+            labels.gibberish.append(self._inject_run(values, ids, low=False))
 
         response = correct
         if rng.random() < cfg.off_intent_rate:
@@ -214,7 +262,8 @@ class SyntheticFleet:
             records.append(
                 TokenEntropy(
                     **stamp(), request_id=request_id, trace_id=trace_id, model=model, route=route,
-                    entropies=pack_entropies(part), chunk_index=chunk, first_token_index=first,
+                    entropies=pack_entropies(part), token_hashes=pack_token_hashes(ids[first : first + cfg.chunk_tokens]),
+                    chunk_index=chunk, first_token_index=first,
                     final=first + cfg.chunk_tokens >= n_tokens,
                 )
             )
@@ -267,7 +316,7 @@ def malformed_payloads(rng: np.random.Generator, valid: bytes) -> list[tuple[str
 
     decoded = msgspec.msgpack.decode(valid)
     future = dict(decoded, schema_version=99)
-    nan = dict(decoded, entropies=pack_entropies([2.0, float("nan"), 3.0])) if "entropies" in decoded else None
+    nan = dict(decoded, entropies=pack_entropies([2.0, float("nan"), 3.0]), token_hashes=b"") if "entropies" in decoded else None
     payloads = [
         ("malformed", valid[: max(1, len(valid) // 2)]),
         ("malformed", bytes(rng.integers(0, 256, 64, dtype=np.uint8))),

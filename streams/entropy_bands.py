@@ -62,7 +62,17 @@ def sustained(values: np.ndarray, window: int) -> np.ndarray:
         return values
     if values.size <= window:
         return np.array([float(np.median(values))])
-    return np.median(np.lib.stride_tricks.sliding_window_view(values, window), axis=1)
+    # The exact median of each window, from one sort of the [windows, window] view: a third of
+    # np.median's time at a few hundred tokens (no NaN check, no extra copy; entropies are finite).
+    # (as_strided, not sliding_window_view: same read-only view of the fresh contiguous copy
+    # above, without the latter's argument checks, which cost as much as the sort at ~100 tokens)
+    step = values.strides[0]
+    view = np.lib.stride_tricks.as_strided(values, (values.size - window + 1, window), (step, step), writeable=False)
+    ordered = np.sort(view, axis=1)
+    middle = window // 2
+    if window % 2:
+        return ordered[:, middle]
+    return (ordered[:, middle - 1] + ordered[:, middle]) * np.float32(0.5)
 
 
 class EntropyBands:

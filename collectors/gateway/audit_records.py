@@ -16,7 +16,14 @@ from collectors.gateway import capture
 from collectors.gateway.exchange import Exchange
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper, uuid7
-from entroloop.contract.records import Audit, Event, Span, TokenEntropy, pack_entropies
+from entroloop.contract.records import (
+    Audit,
+    Event,
+    Span,
+    TokenEntropy,
+    pack_entropies,
+    pack_token_hashes,
+)
 from entroloop.infra.pii import PiiRedactor
 
 # Largest encoded part, whatever ENTROLOOP_MAX_RECORD_BYTES says: below librdkafka's default
@@ -143,6 +150,8 @@ def build_records(
                 route=route,
                 adapter=exchange.adapter,
                 entropies=pack_entropies(exchange.entropies),
+                token_hashes=pack_token_hashes(exchange.token_hashes)
+                if exchange.token_hashes and len(exchange.token_hashes) == len(exchange.entropies) else b"",
                 approximate=True,
             )
         )

@@ -43,7 +43,11 @@ from collectors.gateway import capture, passthrough
 from collectors.gateway.audit_records import build_records
 from collectors.gateway.config import GatewayConfig
 from collectors.gateway.exchange import Exchange
-from collectors.gateway.logprobs import approximate_entropies, restore_client_logprobs
+from collectors.gateway.logprobs import (
+    approximate_entropies,
+    approximate_token_hashes,
+    restore_client_logprobs,
+)
 from collectors.gateway.params import InvalidRequest, parse_body
 from collectors.gateway.routing import RoutingTable
 from collectors.gateway.streaming import StreamCollector, error_event
@@ -224,6 +228,7 @@ class Gateway:
         if upstream_body is body or exchange.engine == "vllm":
             return passthrough.relay(answer, BackgroundTask(self._record, exchange))  # byte for byte
         exchange.entropies = approximate_entropies(exchange.path, data)
+        exchange.token_hashes = approximate_token_hashes(exchange.path, data)
         restore_client_logprobs(exchange.path, data, client_logprobs)
         return JSONResponse(data, answer.status_code, background=BackgroundTask(self._record, exchange))
 
@@ -312,6 +317,7 @@ class Gateway:
             exchange.end = time.time()
             exchange.response = collector.as_response()
             exchange.entropies = collector.entropies
+            exchange.token_hashes = collector.token_hashes
 
         async def relay() -> AsyncIterator[bytes]:
             finished = False  # True once nothing more is sent to the client

@@ -31,6 +31,8 @@ class Exchange:
     error: str = ""  # what went wrong upstream, for the span (no request data in it)
     response: dict[str, Any] = field(default_factory=dict)
     entropies: list[float] = field(default_factory=list)
+    token_hashes: list[int] | None = None
+    """A hash of each sampled token, aligned with ``entropies``; None when the engine did not name them."""
 
 
 __all__ = ["Exchange"]

@@ -7,7 +7,9 @@ from typing import Any
 
 from collectors.gateway.topk_entropy import (
     chat_token_entropies,
+    chat_token_hashes,
     completion_token_entropies,
+    completion_token_hashes,
 )
 
 
@@ -18,6 +20,16 @@ def approximate_entropies(path: str, data: dict[str, Any]) -> list[float]:
         return []
     logprobs = choices[0].get("logprobs")
     return chat_token_entropies(logprobs) if path.endswith("chat/completions") else completion_token_entropies(logprobs)
+
+
+def approximate_token_hashes(path: str, data: dict[str, Any]) -> list[int] | None:
+    """Per-token hash of the first choice's sampled tokens, aligned with ``approximate_entropies``
+    (None when the engine's logprobs do not name every token: the record then goes without)."""
+    choices = data.get("choices") or []
+    if not choices:
+        return []
+    logprobs = choices[0].get("logprobs")
+    return chat_token_hashes(logprobs) if path.endswith("chat/completions") else completion_token_hashes(logprobs)
 
 
 def restore_client_logprobs(path: str, data: dict[str, Any], asked: int | None) -> None:
@@ -36,4 +48,4 @@ def restore_client_logprobs(path: str, data: dict[str, Any], asked: int | None) 
             ]
 
 
-__all__ = ["approximate_entropies", "restore_client_logprobs"]
+__all__ = ["approximate_entropies", "approximate_token_hashes", "restore_client_logprobs"]

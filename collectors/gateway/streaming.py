@@ -7,7 +7,11 @@ import time
 from typing import Any
 
 from collectors.gateway.exchange import Exchange
-from collectors.gateway.logprobs import approximate_entropies, restore_client_logprobs
+from collectors.gateway.logprobs import (
+    approximate_entropies,
+    approximate_token_hashes,
+    restore_client_logprobs,
+)
 
 
 class StreamCollector:
@@ -18,6 +22,8 @@ class StreamCollector:
         self.rewrite = rewrite  # take the gateway's logprobs out of each event (non-vLLM engines)
         self.asked = asked
         self.entropies: list[float] = []
+        # One hash per entropy while every event named its tokens; None from the first that did not.
+        self.token_hashes: list[int] | None = []
         self._buffer = b""
         self._texts: dict[int, list[str]] = {}
         self._usage: dict[str, Any] = {}
@@ -63,7 +69,13 @@ class StreamCollector:
             return line
         first = [c for c in event.get("choices") or [] if isinstance(c, dict) and _index(c) == 0]
         if first:
-            self.entropies += approximate_entropies(self.exchange.path, {"choices": first})
+            entropies = approximate_entropies(self.exchange.path, {"choices": first})
+            self.entropies += entropies
+            hashes = approximate_token_hashes(self.exchange.path, {"choices": first})
+            if self.token_hashes is not None and hashes is not None and len(hashes) == len(entropies):
+                self.token_hashes += hashes
+            else:
+                self.token_hashes = None
         restore_client_logprobs(self.exchange.path, event, self.asked)
         return b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
 

@@ -9,8 +9,13 @@ It under-estimates flat distributions (the tail mass is ignored), hence the flag
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+TOKEN_ID_PREFIX = "token_id:"
+"""How vLLM names a token with ``return_tokens_as_token_ids``: then the hash is the id itself, as
+the entropy tap ships it."""
 
 
 def entropy_from_logprobs(logprobs: Iterable[float]) -> float:
@@ -48,4 +53,61 @@ def completion_token_entropies(choice_logprobs: Mapping[str, Any] | None) -> lis
     return out
 
 
-__all__ = ["chat_token_entropies", "completion_token_entropies", "entropy_from_logprobs"]
+def token_hash(token: Any, token_bytes: Any = None) -> int | None:
+    """A 32-bit hash of one sampled token as an OpenAI-compatible engine names it, or None.
+
+    ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``) is the id N; otherwise CRC-32 of the
+    token's bytes (the ``bytes`` field when given: two tokens that decode to the same text piece
+    differently keep different hashes), else of its UTF-8 text. Only equality within one response
+    matters (a detector looks for a token cycle repeating), so CRC-32 — one C call, 4 bytes — is
+    enough: a collision can only join two different tokens, not split a real cycle."""
+    if isinstance(token_bytes, list) and token_bytes and all(isinstance(b, int) and 0 <= b < 256 for b in token_bytes):
+        return zlib.crc32(bytes(token_bytes))
+    if not isinstance(token, str):
+        return None
+    if token.startswith(TOKEN_ID_PREFIX) and token[len(TOKEN_ID_PREFIX):].isdigit():
+        return int(token[len(TOKEN_ID_PREFIX):]) % 2**32
+    return zlib.crc32(token.encode("utf-8", "surrogatepass"))
+
+
+def chat_token_hashes(choice_logprobs: Mapping[str, Any] | None) -> list[int] | None:
+    """One hash per entry of a chat choice's ``logprobs.content`` (as its entropies), or None if any
+    entry has no usable token."""
+    if not choice_logprobs:
+        return []
+    out = []
+    for token in choice_logprobs.get("content") or []:
+        value = token_hash(token.get("token"), token.get("bytes")) if isinstance(token, Mapping) else None
+        if value is None:
+            return None
+        out.append(value)
+    return out
+
+
+def completion_token_hashes(choice_logprobs: Mapping[str, Any] | None) -> list[int] | None:
+    """One hash per entry of a completion choice's ``logprobs.tokens`` (aligned with its
+    ``top_logprobs``), or None if the tokens are missing or do not line up."""
+    if not choice_logprobs:
+        return []
+    tokens = choice_logprobs.get("tokens")
+    tops = choice_logprobs.get("top_logprobs") or []
+    if not isinstance(tokens, list) or len(tokens) != len(tops):
+        return None
+    out = []
+    for token in tokens:
+        value = token_hash(token)
+        if value is None:
+            return None
+        out.append(value)
+    return out
+
+
+__all__ = [
+    "TOKEN_ID_PREFIX",
+    "chat_token_entropies",
+    "chat_token_hashes",
+    "completion_token_entropies",
+    "completion_token_hashes",
+    "entropy_from_logprobs",
+    "token_hash",
+]

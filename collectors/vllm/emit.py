@@ -25,7 +25,7 @@ from pathlib import Path
 from collectors.vllm.ledger import ShippedChunk
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper, new_trace_id
-from entroloop.contract.records import TokenEntropy, pack_entropies
+from entroloop.contract.records import TokenEntropy, pack_entropies, pack_token_hashes
 from entroloop.contract.settings import Settings
 from entroloop.infra.private_files import make_private_dir, open_private
 
@@ -116,6 +116,9 @@ class TokenEntropyEmitter:
             model=self.model,
             route=self.route,
             entropies=pack_entropies(chunk.values),
+            # The sampled ids themselves are the per-token hash (uint32, 4 bytes a token): a
+            # detector only compares them for equality within the request, to confirm a loop.
+            token_hashes=pack_token_hashes(chunk.token_ids) if chunk.token_ids else b"",
             chunk_index=chunk.chunk_index,
             first_token_index=chunk.first_token_index,
             final=chunk.final,

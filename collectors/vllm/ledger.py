@@ -75,6 +75,8 @@ class ShippedChunk:
     chunk_index: int
     first_token_index: int
     final: bool
+    token_ids: list[int] | None = None
+    """The sampled token id of each value (same length), or None when the runner gave no id list."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,8 @@ class RowLedger:
                 # Keep the newest value: it may still be overwritten by a discarded-step rerun.
                 head, trace.values = trace.values[: self.chunk_tokens], trace.values[self.chunk_tokens :]
                 shipped.append(
-                    ShippedChunk(trace.request_id, trace.trace_id, head, trace.chunk_index, trace.base, False)
+                    ShippedChunk(trace.request_id, trace.trace_id, head, trace.chunk_index, trace.base, False,
+                                 _sampled_ids(trace, len(head)))
                 )
                 trace.chunk_index += 1
                 trace.base += len(head)
@@ -209,11 +212,28 @@ class RowLedger:
             # Never ship more values than the request has tokens (a last step whose sample was
             # thrown away, e.g. the request was aborted meanwhile).
             values = values[: max(0, len(trace.output_token_ids) - trace.base)]
-        chunk = ShippedChunk(trace.request_id, trace.trace_id, values, trace.chunk_index, trace.base, final)
+        chunk = ShippedChunk(trace.request_id, trace.trace_id, values, trace.chunk_index, trace.base, final,
+                             _sampled_ids(trace, len(values)))
         self._next_chunk[trace.request_id] = (trace.chunk_index + 1, trace.base + len(values), trace.trace_id)
         while len(self._next_chunk) > RESUMABLE_MEMORY:
             self._next_chunk.popitem(last=False)
         return chunk
+
+
+def _sampled_ids(trace: RequestTrace, count: int) -> list[int] | None:
+    """The ids of the ``count`` tokens from ``trace.base`` on, read from vLLM's own output-id list.
+
+    vLLM appends each sampled id to that host-side list itself, so this costs one list slice per
+    shipped chunk and never touches the device. A value is only credited once the token at its
+    position is being sampled, so every shipped value's token is already in the list; a shorter
+    list (or a placeholder id < 0 that an asynchronous scheduler has not filled in yet) means the
+    ids cannot be trusted, and the chunk goes without them rather than with wrong ones."""
+    if trace.output_token_ids is None or count == 0:
+        return None
+    ids = list(trace.output_token_ids[trace.base : trace.base + count])
+    if len(ids) != count or min(ids) < 0:
+        return None
+    return ids
 
 
 def credit(snapshot: Sequence[tuple[RequestTrace, int] | None], values: Sequence[float]) -> None:

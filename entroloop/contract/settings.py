@@ -127,10 +127,10 @@ class Settings(BaseSettings):
     )
     gibberish_min_run: int = Field(5, ge=1, description="... for at least this many consecutive tokens.")
     entropy_evidence: bool = Field(
-        False, description="Entropy anomalies need evidence beyond the static run: a loop needs periodic "
-        "repetition (of the token ids when the tap sends them, else of the entropy sequence), gibberish a "
-        "sustained level above the (model, route)'s own learned band. False (the default until the tap and "
-        "the synthetic fleet send token ids and truly repeating loops): the static rules alone."
+        True, description="Entropy anomalies need evidence beyond the static run: a loop needs periodic "
+        "repetition (of the token ids, which the tap and the gateway send, else of the entropy sequence), "
+        "gibberish a sustained level above an absolute floor and the (model, route)'s own learned band. "
+        "False: the static rules alone (every low or high run is an alert)."
     )
     loop_max_period: int = Field(12, ge=1, description="Loop evidence: longest repeating cycle looked for (tokens).")
     loop_min_repeats: float = Field(3.0, ge=2, description="Loop evidence: the cycle must repeat at least this often ...")

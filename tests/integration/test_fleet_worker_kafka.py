@@ -47,8 +47,9 @@ def read_token_messages(bootstrap: str, prefix: str) -> list:  # type: ignore[ty
 def published_entropy_alerts(bootstrap: str, prefix: str) -> list[Alert]:
     """The alerts the detector gives in-process for the TokenEntropy records really published
     (read back from the topic: the fleet's ids are random, the derived ids are not)."""
-    # The static rules: the fleet's loops are iid low entropies without repeating tokens, so the
-    # evidence mode (streams/entropy_evidence.py) would confirm none; this test is about transport.
+    # The static rules: the evidence mode's bands (streams/entropy_bands.py) depend on the order in
+    # which the worker consumes partitions, which a single in-process pass does not reproduce; this
+    # test is about transport (the evidence itself is measured in-process by `entroloop bench detectors`).
     detector = EntropyAnomalyDetector.from_settings(Settings(entropy_evidence=False))
     tokens = [codec.decode(m.value()) for m in read_token_messages(bootstrap, prefix)]
     assert tokens, "the fleet published no TokenEntropy records"
@@ -106,7 +107,8 @@ def start_worker(bootstrap: str, prefix: str, tmp: Path) -> tuple[WorkerProcess,
         "ENTROLOOP_STREAMS_BATCH_SIZE": "200",
         "ENTROLOOP_STREAMS_COMMIT_INTERVAL_S": "0.5",
         # Static entropy rules, as the in-process reference uses: the evidence mode's per-model bands
-        # depend on processing order, and the fleet's loops do not repeat tokens.
+        # live in each worker's memory and depend on the order partitions are consumed, so only the
+        # static rules give the worker and the reference the very same alerts (this test is about transport).
         "ENTROLOOP_ENTROPY_EVIDENCE": "false",
     }
     worker = WorkerProcess(tmp, "entroloop.cli", "worker", "--log-level", "info", env=env)

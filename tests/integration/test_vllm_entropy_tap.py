@@ -7,7 +7,7 @@ file sink that the test reads back.
 
 Checked: one final record per request, as many values as generated tokens, every value within
 1e-3 nats of a float64 transformers forward pass over prompt + generated tokens with the same
-weights — with more requests than batch rows and different lengths, so rows are removed, added
+weights, and each value's token hash equal to the token id vLLM returned — with more requests than batch rows and different lengths, so rows are removed, added
 and condensed (moved) mid-flight and a mix-up between requests would show.
 """
 
@@ -128,6 +128,11 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
         assert record.model == str(tiny_model)
         shipped = record.values().astype(np.float64)
         assert record.n_tokens == len(generated), (i, record.n_tokens, len(generated))
+        # The per-token hashes are the sampled ids, read from vLLM's own output list: they must be
+        # exactly the ids vLLM returned to the caller, one per entropy.
+        hashes = record.hashes()
+        assert hashes is not None, f"req-{i}: the tap shipped no token hashes"
+        assert hashes.tolist() == [t % 2**32 for t in generated], (i, hashes.tolist(), generated)
         expected = np.array(reference_entropies(tiny_model, list(output.prompt_token_ids), generated))
         assert expected.max() < 2.0, "the tiny model must keep entropies where float16 error < 5e-4"
         error = np.abs(shipped - expected)

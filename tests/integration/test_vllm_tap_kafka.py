@@ -62,4 +62,6 @@ def test_token_entropy_records_reach_kafka(
         record = by_id[f"kreq-{i}"]
         assert record.n_tokens == len(output.outputs[0].token_ids) == MAX_TOKENS[i]
         assert record.node_id == "vllm-kafka-node" and record.final
+        # the per-token hashes (the sampled ids) survive the publisher and the broker
+        assert record.hashes().tolist() == list(output.outputs[0].token_ids)
     assert len({r.seq for r in records}) == len(records)

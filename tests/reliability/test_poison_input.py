@@ -48,7 +48,9 @@ def poison_payloads(valid: TokenEntropy) -> dict[str, tuple[bytes, str, str]]:
     marker = valid.model.encode()
     bad_utf8 = good.replace(marker, b"\xff\xfe" + marker[2:], 1)
     assert bad_utf8 != good
-    oversized = msgspec.structs.replace(valid, entropies=pack_entropies([1.0] * (SIZE_LIMIT // 2 + 10)))
+    # (token_hashes, one per entropy, go too: each poison has exactly the one fault it is named for)
+    oversized = msgspec.structs.replace(valid, entropies=pack_entropies([1.0] * (SIZE_LIMIT // 2 + 10)),
+                                        token_hashes=b"")
     wire = msgspec.msgpack.decode(good)  # the wire map with its bytes intact
 
     def decodable_but_wrong(**changes: object) -> bytes:
@@ -60,9 +62,11 @@ def poison_payloads(valid: TokenEntropy) -> dict[str, tuple[bytes, str, str]]:
                                  "unsupported_schema_version", "schema_version 99"),
         "oversized record": (codec.encode(oversized), "too_large", "exceeds the limit"),
         "invalid UTF-8": (bad_utf8, "malformed", "utf-8"),
-        "NaN in entropies": (msgspec.msgpack.encode({**fields, "entropies": pack_entropies([2.0, float("nan"), 3.0])}),
+        "NaN in entropies": (msgspec.msgpack.encode({**fields, "entropies": pack_entropies([2.0, float("nan"), 3.0]),
+                                                     "token_hashes": b""}),
                              "malformed", "NaN or Inf"),
-        "Inf in entropies": (msgspec.msgpack.encode({**fields, "entropies": pack_entropies([2.0, float("inf")])}),
+        "Inf in entropies": (msgspec.msgpack.encode({**fields, "entropies": pack_entropies([2.0, float("inf")]),
+                                                     "token_hashes": b""}),
                              "malformed", "NaN or Inf"),
         # decodable but wrong (issue 12): each used to reach the ClickHouse insert and fail it
         "event id that is no UUID": (decodable_but_wrong(event_id="not-a-uuid"), "malformed", "$.event_id"),

@@ -11,7 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from collectors.gateway.app import GatewayConfig, create_app
-from collectors.gateway.topk_entropy import entropy_from_logprobs
+from collectors.gateway.topk_entropy import entropy_from_logprobs, token_hash
 from entroloop.infra.pii import PiiRedactor
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span, TokenEntropy
@@ -25,6 +25,8 @@ RAW_USER = "alice-account-7"
 KEY = b"test-key"
 # The fake engine's top logprobs: (0.5, 0.25, 0.25) and (0.4, 0.4, 0.1, 0.1), both summing to 1.
 EXPECTED_ENTROPIES = [1.5 * math.log(2), -(0.8 * math.log(0.4) + 0.2 * math.log(0.1))]
+# ... and its sampled tokens, "Hello" and " there": one hash each, aligned with the entropies.
+EXPECTED_HASHES = [token_hash("Hello"), token_hash(" there")]
 
 CHAT = {
     "model": "base-m",
@@ -120,6 +122,7 @@ def test_openai_engine_chat_audit_span_and_approximate_entropy() -> None:
     # approximate entropy from top-k, per generated token
     assert tokens.approximate is True
     np.testing.assert_allclose(tokens.values(), EXPECTED_ENTROPIES, atol=1e-3)
+    assert tokens.hashes().tolist() == EXPECTED_HASHES
 
 
 def test_client_logprobs_are_trimmed_to_what_it_asked() -> None:
@@ -152,6 +155,7 @@ def test_completions_endpoint_with_openai_engine() -> None:
     assert records[Span][0].parent_span_id == ""  # no traceparent: the gateway started the trace
     assert audit.request_id == generated_request_id and len(generated_request_id) == 36  # a UUIDv7
     np.testing.assert_allclose(records[TokenEntropy][0].values(), EXPECTED_ENTROPIES, atol=1e-3)
+    assert records[TokenEntropy][0].hashes().tolist() == EXPECTED_HASHES
 
 
 def test_vllm_engine_gets_correlation_ids_adapter_and_version_and_answer_is_byte_identical() -> None:
@@ -210,6 +214,7 @@ def test_streaming_from_openai_engine_strips_logprobs_and_ships_approximate_entr
     (tokens,) = records[TokenEntropy]
     assert tokens.approximate and tokens.trace_id == audit.trace_id == TRACE_ID
     np.testing.assert_allclose(tokens.values(), EXPECTED_ENTROPIES, atol=1e-3)
+    assert tokens.hashes().tolist() == EXPECTED_HASHES  # gathered event by event, still aligned
     assert EMAIL not in audit.response and audit.response.startswith("Hello there, Mail [EMAIL:")
 
 

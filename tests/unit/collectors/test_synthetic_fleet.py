@@ -59,3 +59,41 @@ def test_per_node_seq_is_gapless_and_same_seed_same_traffic():
             seqs.setdefault(r.node_id, []).append(r.seq)
     for node, s in seqs.items():
         assert s == list(range(len(s))), node
+
+
+def _tokens(req) -> tuple[np.ndarray, np.ndarray]:
+    chunks = [r for r in req.records if isinstance(r, TokenEntropy)]
+    assert all(c.hashes() is not None and c.hashes().size == c.n_tokens for c in chunks), "every record carries ids"
+    return (np.concatenate([c.values() for c in chunks]).astype(float),
+            np.concatenate([c.hashes() for c in chunks]).astype(np.int64))
+
+
+def test_loops_are_token_cycles_with_periodic_entropies_and_normal_text_has_no_cycle() -> None:
+    loops = 0
+    for req in SyntheticFleet(seed=3).requests(800):
+        ent, ids = _tokens(req)
+        for start, end in req.labels.loops:
+            loops += 1
+            run_ids, run_ent = ids[start:end], ent[start:end]
+            period = next(p for p in range(1, 9) if (run_ids[p:] == run_ids[:-p]).all())
+            assert end - start >= min(24, req.labels.n_tokens) and (end - start) >= 3 * period
+            assert np.abs(run_ent[period:] - run_ent[:-period]).max() < 0.1  # same context, same entropy
+        normal = np.ones(ids.size, bool)
+        for start, end in req.labels.loops + req.labels.gibberish:
+            normal[start:end] = False
+        for lag in range(1, 13):  # no id repeats at a short lag outside the injected runs
+            both = normal[lag:] & normal[:-lag]
+            assert (ids[lag:][both] == ids[:-lag][both]).sum() <= 1
+        for start, end in req.labels.gibberish:
+            assert end - start >= min(20, req.labels.n_tokens) and (ent[start:end] > 6.9).all()
+    assert loops > 10
+
+
+def test_ids_do_not_change_the_rest_of_a_seeded_fleet() -> None:
+    """Ids come from their own random stream: lengths, pathologies and feedback are what they were
+    (the first requests of seed 11, recorded before ids existed)."""
+    reqs = list(SyntheticFleet(seed=11).requests(300))
+    assert [q.labels.n_tokens for q in reqs[:8]] == [74, 81, 164, 25, 102, 999, 584, 28]
+    assert [i for i, q in enumerate(reqs) if q.labels.loops] == [70, 98, 128, 141, 174, 210, 232]
+    assert [q.labels.loops[0] for q in reqs if q.labels.loops][:4] == [(55, 171), (252, 349), (1, 49), (0, 44)]
+    assert sum(q.labels.corrected for q in reqs) == 20 and sum(q.labels.fallback for q in reqs) == 7

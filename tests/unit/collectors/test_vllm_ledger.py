@@ -21,13 +21,14 @@ def value_of(request_id: str, position: int) -> float:
 
 
 def step(ledger: RowLedger, outputs: dict[str, list[int]], num_rows: int) -> None:
-    """One engine step: reduce the logits rows, then each request samples one token."""
+    """One engine step: reduce the logits rows, then each request samples one token (its id is
+    the value's integer, so a chunk's ids can be checked against its values)."""
     snapshot = ledger.snapshot(num_rows)
     values = [0.0 if entry is None else value_of(entry[0].request_id, entry[1]) for entry in snapshot]
     credit(snapshot, values)
     for entry in snapshot:
         if entry is not None:
-            outputs[entry[0].request_id].append(7)
+            outputs[entry[0].request_id].append(int(value_of(entry[0].request_id, entry[1])))
 
 
 def test_removed_added_moved_keep_requests_apart() -> None:
@@ -111,6 +112,30 @@ def test_long_generations_ship_in_chunks() -> None:
     assert sum((c.values for c in chunks), []) == [value_of("r2", t) for t in range(10)]
 
 
+def test_chunks_carry_the_sampled_ids_only_when_the_runner_gives_them() -> None:
+    ledger = RowLedger(chunk_tokens=4)
+    outputs: dict[str, list[int]] = {"r1": [], "r2": []}
+    ledger.apply_update([], [AddedRow(0, "r1", output_token_ids=outputs["r1"]), AddedRow(1, "r2")], [])
+    for _ in range(6):
+        step(ledger, outputs, 2)
+    chunks = ledger.drain_long() + ledger.ship_all()
+    by_id = {}
+    for c in chunks:
+        by_id.setdefault(c.request_id, []).append(c)
+    assert [c.token_ids for c in by_id["r1"]] == [[100, 101, 102, 103], [104, 105]]
+    assert all(c.token_ids is None for c in by_id["r2"])  # no output list (Model Runner V2): no ids
+
+
+def test_placeholder_ids_are_not_shipped() -> None:
+    """An asynchronous scheduler's not-yet-filled placeholder (-1) must not become a token hash."""
+    ledger = RowLedger()
+    outputs = [5, -1]
+    ledger.apply_update([], [AddedRow(0, "r1", output_token_ids=outputs)], [])
+    ledger.rows[0].values = [0.5, 0.6]
+    (chunk,) = ledger.ship_all()
+    assert chunk.values == [0.5, 0.6] and chunk.token_ids is None
+
+
 def test_v2_slot_snapshot_skips_partial_prefill() -> None:
     ledger = RowLedger()
     ledger.apply_update([], [AddedRow(3, "r1"), AddedRow(0, "r2")], [])
@@ -187,4 +212,7 @@ def test_random_schedules_never_mix_requests(seed: int) -> None:
     for rid, chunks in shipped.items():
         values = sum((c.values for c in chunks), [])
         assert values == [value_of(rid, t) for t in range(len(outputs[rid]))], rid
+        # The sampled ids travel with their values, read from vLLM's own output list.
+        assert all(c.token_ids is not None and len(c.token_ids) == len(c.values) for c in chunks if c.values), rid
+        assert sum((c.token_ids or [] for c in chunks), []) == [int(v) for v in values], rid
         assert [c.chunk_index for c in chunks] == list(range(len(chunks)))

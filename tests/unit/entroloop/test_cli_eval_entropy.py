@@ -20,7 +20,7 @@ GIBBERISH = [3.1, 3.5, 2.9] * 5 + [7.9, 8.8, 9.4, 7.2, 8.1, 9.9, 8.4, 7.7] * 6
 
 @pytest.fixture(autouse=True)
 def _evidence_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Evidence mode is opt-in (the fleet's loops repeat nothing yet); these tests measure it."""
+    """Evidence mode is the default; pinned so a developer's environment cannot change what these tests measure."""
     monkeypatch.setenv("ENTROLOOP_ENTROPY_EVIDENCE", "true")
 
 

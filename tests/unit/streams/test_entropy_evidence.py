@@ -150,4 +150,29 @@ def test_bands_learn_only_unflagged_requests_once_warm_and_are_used_after_tens()
 def test_from_settings_turns_the_evidence_on_and_off() -> None:
     assert EntropyAnomalyDetector.from_settings(Settings(entropy_evidence=True)).evidence is not None
     assert EntropyAnomalyDetector.from_settings(Settings(entropy_evidence=False)).evidence is None
-    assert EntropyAnomalyDetector.from_settings(Settings()).evidence is None  # opt-in until the fleet repeats
+    assert EntropyAnomalyDetector.from_settings(Settings()).evidence is not None  # on by default
+
+
+def test_every_default_alert_on_the_fleet_names_its_evidence() -> None:
+    """Evidence mode is the default: each alert on the fleet's traffic says which rule nominated it,
+    what evidence confirmed it (the repetition period for a loop, the level over the edge for
+    gibberish) and the (model, route)'s band once there is one."""
+    from collectors.synthetic_fleet import SyntheticFleet
+    from entroloop.contract.records import TokenEntropy
+
+    records = [r for q in SyntheticFleet(seed=5).requests(900) for r in q.records if isinstance(r, TokenEntropy)]
+    alerts = [a for a in EntropyAnomalyDetector.from_settings(Settings()).process_batch(records) if isinstance(a, Alert)]
+    assert {a.rule for a in alerts} == {LOOP, GIBBERISH}
+    banded = 0
+    for alert in alerts:
+        evidence = json.loads(alert.baseline)
+        assert evidence["rule"] == alert.rule and evidence["static"].startswith("static:")
+        assert "band" in evidence
+        banded += evidence["band"] is not None
+        if alert.rule == LOOP:
+            assert evidence["evidence"] == "token_ids" and 1 <= evidence["period"] <= 8 and evidence["repeats"] >= 3
+            assert f"period {evidence['period']}" in alert.detail
+        else:
+            assert evidence["evidence"] in ("sustained_level", "above_band") and evidence["level"] > evidence["edge"]
+            assert f"sustained {evidence['level']}" in alert.detail
+    assert banded > len(alerts) // 2  # after warm-up the band is in the alert

@@ -1,0 +1,58 @@
+"""`entroloop bench detectors` on the labelled entropy corpora: which corpora, and the figures it
+gives for each (with token ids and from entropies alone), next to the fleet's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from entroloop.benchmarks.detectors import CORPUS_DIR, corpora, figures, run_corpora
+from entroloop.contract.settings import Settings
+
+LOOP = {"entropy": [0.3, 0.1, 0.6] * 20, "token_ids": [11, 12, 13] * 20}
+NORMAL = {"entropy": [3.1, 3.8, 2.9, 3.5, 4.0, 3.3, 2.7, 3.6, 3.9, 3.2] * 6, "token_ids": list(range(60))}
+# a low run that repeats neither its ids nor its entropies: the literal rule's false alarm
+QUIET = {"entropy": [3.0] * 10 + np.random.default_rng(5).uniform(0.02, 1.2, 30).round(3).tolist() + [3.0] * 10,
+         "token_ids": list(range(100, 150))}
+
+
+def _write(path: Path, lines: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_every_corpus_but_the_tuning_one_is_reported(tmp_path: Path) -> None:
+    for name in ("dev.jsonl", "held_out.jsonl", "lm_traces.jsonl"):
+        _write(tmp_path / name, [])
+    (tmp_path / "README.md").write_text("not a corpus")
+    assert [p.name for p in corpora(tmp_path)] == ["held_out.jsonl", "lm_traces.jsonl"]
+    assert "held_out.jsonl" in [p.name for p in corpora(CORPUS_DIR)]
+    assert "dev.jsonl" not in [p.name for p in corpora(CORPUS_DIR)]
+
+
+def test_corpus_figures_with_ids_and_from_entropies_alone(tmp_path: Path) -> None:
+    lines = [
+        {"id": "loop", "model": "m", **LOOP, "label": {"loop": True, "gibberish": False}},
+        {"id": "normal", "model": "m", **NORMAL, "label": {"loop": False, "gibberish": False}},
+        {"id": "quiet", "model": "m", **QUIET, "label": {"loop": False, "gibberish": False}},
+        {"id": "unlabelled", "model": "m", **LOOP},
+    ]
+    _write(tmp_path / "traces.jsonl", lines)
+    results = run_corpora(Settings(entropy_evidence=True), folder=tmp_path)
+    assert set(results) == {f"{rule} [{mode}]" for rule in ("repetition_loop", "gibberish", "entropy_baseline")
+                            for mode in ("traces", "traces, entropies only")}
+    for mode in ("traces", "traces, entropies only"):
+        loop = results[f"repetition_loop [{mode}]"]
+        # the cycle is found (by its ids, or by its entropies), the non-repeating low run is not
+        assert (loop["precision"], loop["recall"]) == (1.0, 1.0), (mode, loop)
+        assert "traces.jsonl: 3 labelled requests" in loop["note"]
+    static = run_corpora(Settings(entropy_evidence=False), folder=tmp_path)["repetition_loop [traces]"]
+    assert static["precision"] == 0.5  # the literal rule flags the quiet run too: the test can tell them apart
+
+    figs = {f.name: f for f in figures(results)}
+    assert figs["repetition_loop [traces] precision / recall"].target == "P >= 0.95, R >= 0.95"
+    assert figs["repetition_loop [traces, entropies only] precision / recall"].target == "P >= 0.90, R >= 0.90"
+    assert figs["repetition_loop [traces] precision / recall"].met is True
+    assert not any(name.startswith("repetition_loop [") and "events/s" in name for name in figs)
