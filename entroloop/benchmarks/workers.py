@@ -245,11 +245,14 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
     from entroloop.contract.codec import CodecError, decode, encode
     from entroloop.contract.settings import load_settings
     from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
+    from streams.app import StreamsConfig, WatermarkCadence
     from streams.defaults import default_processors
 
     settings = load_settings()
     prefix = settings.topic_prefix
     processors = default_processors(settings, with_intent=False)
+    # The worker's on_watermark cadence, so both run the processors' window and expiry work alike.
+    cadence = {id(p): WatermarkCadence(StreamsConfig.watermark_interval_s) for p in processors}
     routes: dict[type, list[Any]] = defaultdict(list)
     for processor in processors:
         for record_type in processor.inputs:
@@ -280,7 +283,8 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
                 watermark = max(r.emitted_at for r in records)
                 for processor in routes[record_type]:
                     outputs.extend(processor.process_batch(records))
-                    outputs.extend(processor.on_watermark(watermark))
+                    if cadence[id(processor)].due(watermark):
+                        outputs.extend(processor.on_watermark(cadence[id(processor)].event_time))
             for record in outputs:
                 while True:
                     try:
