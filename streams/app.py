@@ -293,7 +293,7 @@ class StreamsApp:
                 outputs = await loop.run_in_executor(executor, self._run_processors, topic_name, processors, records)
                 for processor in processors:  # on the loop: only here may a Faust table change
                     if (state := self.table_states.get(id(processor))) is not None:
-                        state.flush(unsealed=False)
+                        await self._send_changelog(state)
                 await self._send_all([*dead, *outputs])
                 # take_events acknowledges this batch when the loop comes back here: after the
                 # outputs are in the producer, which Faust flushes before it commits the offsets.
@@ -405,6 +405,20 @@ class StreamsApp:
                                          partition=None, timestamp=None, headers=None)
             future.add_done_callback(self._on_delivered)
         self.counts["sent"] += len(records)
+
+    async def _send_changelog(self, state: TableState[Any]) -> None:
+        """Apply the batch's table writes and hand their changelog records (one per key) to the
+        producer, straight, like the outputs (``Table.send_changelog`` goes through Faust's
+        per-message buffer)."""
+        records = state.drain(unsealed=False)
+        if not records:
+            return
+        producer = self.app.producer
+        topic = state.table.changelog_topic.get_topic_name()
+        for partition, key, raw in records:
+            future = await producer.send(topic, key, raw, partition=partition, timestamp=None, headers=None)
+            future.add_done_callback(self._on_delivered)
+        self.counts["changelog"] += len(records)
 
     def _on_delivered(self, future: Any) -> None:
         if not future.cancelled() and future.exception() is not None:

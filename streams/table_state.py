@@ -92,7 +92,7 @@ class TableState(MutableMapping[str, V]):
 
         for name in ("apply_changelog_batch", "_clear", "clear", "reset_state"):
             method = getattr(store, name, None)
-            if callable(method) and not isinstance(store, dict):
+            if callable(method) and hasattr(store, "__dict__"):
                 def sync(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
                     try:
                         return _method(*args, **kwargs)
@@ -101,7 +101,7 @@ class TableState(MutableMapping[str, V]):
                 setattr(store, name, sync)
         for name in ("on_recovery_completed", "on_rebalance"):
             method = getattr(store, name, None)
-            if callable(method):
+            if callable(method) and hasattr(store, "__dict__"):
                 async def asynchronous(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
                     try:
                         return await _method(*args, **kwargs)
@@ -212,7 +212,16 @@ class TableState(MutableMapping[str, V]):
     # --- flush (event loop) --------------------------------------------------------------------
     def flush(self, unsealed: bool = True) -> int:
         """Apply the sealed writes (and, unless ``unsealed`` is false, the pending ones) to the table
-        and its changelog, one changelog record per key; returns how many.
+        and send them to its changelog with ``table.send_changelog``; returns how many."""
+        records = self.drain(unsealed)
+        for partition, key, raw in records:
+            self.table.send_changelog(partition, key, raw, key_serializer="raw", value_serializer="raw")
+        return len(records)
+
+    def drain(self, unsealed: bool = True) -> list[tuple[int, bytes, bytes | None]]:
+        """Apply the sealed writes (and, unless ``unsealed`` is false, the pending ones) to the
+        table's store; return the changelog records they make, one per key: (partition, key, value
+        or None for a tombstone). The caller sends them before the batch is acknowledged.
 
         The adapter passes ``unsealed=False``: a write still pending belongs to a batch another
         thread is processing, and its value may still change."""
@@ -222,6 +231,7 @@ class TableState(MutableMapping[str, V]):
             sealed, self._sealed = self._sealed, {}
             store = self.table.data
             key_partition = getattr(store, "_key_partition", None)
+            records: list[tuple[int, bytes, bytes | None]] = []
             for key, (partition, raw) in sealed.items():
                 if raw is None:
                     store.pop(key, None)
@@ -236,8 +246,8 @@ class TableState(MutableMapping[str, V]):
                         # The memory store drops keys of revoked partitions after a rebalance only
                         # if it knows their partition; it learns that only from recovery.
                         key_partition[key] = partition
-                self.table.send_changelog(partition, key, raw, key_serializer="raw", value_serializer="raw")
-        return len(sealed)
+                records.append((partition, key, raw))
+        return records
 
 
 __all__ = ["TableState", "TableStateSpec"]
