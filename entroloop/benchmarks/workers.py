@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from entroloop.benchmarks.report import Figure
 from entroloop.benchmarks.repeats import Repeated, repeat_many
+from entroloop.benchmarks.report import Figure
 
 SECTION = "workers"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,9 +50,9 @@ def fleet_payloads(requests: int, seed: int = 7) -> list[tuple[str, bytes, bytes
     """(topic name without prefix, key, encoded value) of every fleet event a worker consumes."""
     from collectors.synthetic_fleet import SyntheticFleet
     from entroloop.contract.codec import encode
+    from entroloop.contract.settings import Settings
     from entroloop.contract.topics import TOPIC_BY_TYPE
     from streams.defaults import default_processors
-    from entroloop.contract.settings import Settings
 
     consumed = {TOPIC_BY_TYPE[t].name for p in default_processors(Settings(), with_intent=False) for t in p.inputs}
     out: list[tuple[str, bytes, bytes]] = []
@@ -95,6 +95,23 @@ def _end_offsets(bootstrap: str, prefix: str, topics: list[str]) -> dict[tuple[s
                 _, high = consumer.get_watermark_offsets(TopicPartition(prefix + name, partition), timeout=30)
                 ends[(prefix + name, partition)] = high
         return ends
+    finally:
+        consumer.close()
+
+
+def _changelog_records(bootstrap: str, prefix: str) -> int:
+    """Records in the worker's table changelog topics (the bad-case join, the entropy carry)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "entroloop-bench-probe"})
+    try:
+        total = 0
+        for name, topic in consumer.list_topics(timeout=30).topics.items():
+            if name.startswith(prefix) and name.endswith("-changelog"):
+                for partition in topic.partitions:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=30)
+                    total += high - low
+        return total
     finally:
         consumer.close()
 
@@ -189,6 +206,8 @@ def measure_once(bootstrap: str, payloads: list[tuple[str, bytes, bytes]], parti
                 _stop(proc)
             for key, value in measured.items():
                 result[f"{variant}_{key}"] = value
+            if variant == "faust":
+                result["faust_changelog_records"] = float(_changelog_records(bootstrap, prefix))
     result["ratio"] = result["faust_events_per_s"] / result["plain_events_per_s"]
     result["cpu_ratio"] = result["faust_cpu_us_per_event"] / result["plain_cpu_us_per_event"]
     return result
@@ -226,6 +245,8 @@ def figures(result: dict[str, Any]) -> list[Figure]:
         Figure.repeated(SECTION, "Faust / plain CPU per event", r["cpu_ratio"], "×",
                         baseline="the plain loop in the same run"),
         Figure.repeated(SECTION, "Faust worker CPU while draining", r["faust_cores"], "cores"),
+        Figure.repeated(SECTION, "Faust table changelog records", r["faust_changelog_records"], "records",
+                        note="one per key per batch (the bad-case join keeps an entry per request)"),
     ]
 
 

@@ -18,7 +18,12 @@ from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Alert, Feedback, Health
 from entroloop.infra.kafka_topics import ensure_topics
-from tests.integration.test_streams_worker_kafka import TOPICS, TopicReader, Worker, seen_alerts
+from tests.integration.test_streams_worker_kafka import (
+    TOPICS,
+    TopicReader,
+    Worker,
+    seen_alerts,
+)
 
 pytestmark = pytest.mark.kafka
 
