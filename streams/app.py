@@ -69,6 +69,7 @@ from entroloop.contract.records import DeadLetter, Event, Health
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
 from streams.base import Processor
+from streams.faust_drain import install_eager_drain
 from streams.faust_offsets import guard_consumer_offsets
 from streams.table_state import TableState, TableStateSpec
 
@@ -275,6 +276,7 @@ class StreamsApp:
         # Faust's rebalance race can commit past records never processed (streams.faust_offsets).
         self._guarded_topics = frozenset(config.topic_prefix + name for name in self.input_topics)
         guard_consumer_offsets(self.app.consumer, self._guarded_topics)
+        install_eager_drain(self.app.consumer)  # no four tasks per fetched record (streams.faust_drain)
         self.app.timer(config.health_interval_s)(self._publish_health)
 
     # --- wiring --------------------------------------------------------------------------------
