@@ -30,7 +30,7 @@ async def _resume(coro: Coroutine[Any, Any, Any], awaiting: Any) -> Any:
                 await asyncio.sleep(0)
             else:
                 await asyncio.wait([awaiting])  # wait for it to finish; its outcome reaches coro below
-        except BaseException as exc:  # cancelled while waiting: cancel coro where it waits, as a Task would
+        except BaseException as exc:  # noqa: BLE001 - cancelled while waiting: cancel coro where it waits, as a Task would
             if awaiting is not None:
                 awaiting.cancel()
             try:
