@@ -116,6 +116,16 @@ def _changelog_records(bootstrap: str, prefix: str) -> int:
         consumer.close()
 
 
+def delete_topics(bootstrap: str, prefix: str) -> None:
+    """Delete the run's topics (a shared broker would otherwise pile up hundreds of partitions)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [name for name in admin.list_topics(timeout=30).topics if name.startswith(prefix)]
+    for future in admin.delete_topics(names, operation_timeout=30).values() if names else ():
+        future.result(timeout=60)
+
+
 def _cpu_s(pid: int) -> float:
     """CPU time (user + system, every thread) of process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -202,12 +212,13 @@ def measure_once(bootstrap: str, payloads: list[tuple[str, bytes, bytes]], parti
             proc, log_path = _start(variant, bootstrap, prefix, partitions, Path(tmp))
             try:
                 measured = _watch(proc, bootstrap, prefix + group, ends, timeout_s, log_path)
+                if variant == "faust":
+                    result["faust_changelog_records"] = float(_changelog_records(bootstrap, prefix))
             finally:
                 _stop(proc)
+                delete_topics(bootstrap, prefix)
             for key, value in measured.items():
                 result[f"{variant}_{key}"] = value
-            if variant == "faust":
-                result["faust_changelog_records"] = float(_changelog_records(bootstrap, prefix))
     result["ratio"] = result["faust_events_per_s"] / result["plain_events_per_s"]
     result["cpu_ratio"] = result["faust_cpu_us_per_event"] / result["plain_cpu_us_per_event"]
     return result
