@@ -31,11 +31,19 @@ Durable state: a processor that declares ``table_state`` (``streams.table_state.
 the bad-case join does) gets a Faust table with a compacted changelog as its ``state``, co-
 partitioned with its input topics (all keyed by ``request_id``, same partition count), so a
 restarted worker recovers the state from the broker. Its writes are buffered on the executor
-thread and applied to the table on the event loop before the batch is acknowledged.
+thread, encoded once per key at the end of the batch, and applied to the table on the event loop,
+their changelog records (one per key per batch) handed to the producer before the batch is
+acknowledged.
+
+Cost per event (``entroloop bench workers``): outputs and changelog records go straight to the
+producer (``producer.send``, lingering ``producer_linger_s`` to batch them), not through
+``Topic.send`` and its per-message futures and sensors; ``on_watermark`` runs at most every
+``watermark_interval_s`` per processor (``WatermarkCadence``).
 
 Health: every ``health_interval`` seconds each worker publishes ``Health`` records with the
 consumer lag (log end offset minus committed offset) per assigned partition and the age of the
-last successful offset commit.
+last successful offset commit, taken from the commit call itself (``CommitTracker``; 0 while
+nothing processed waits for a commit).
 """
 
 from __future__ import annotations
@@ -54,7 +62,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-from faust.sensors import Sensor
 
 from entroloop.contract.codec import CodecError, dead_letter_fields, decode, encode
 from entroloop.contract.ids import NodeStamper, derived_event_id
@@ -62,6 +69,7 @@ from entroloop.contract.records import DeadLetter, Event, Health
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
 from streams.base import Processor
+from streams.faust_drain import install_eager_drain
 from streams.faust_offsets import guard_consumer_offsets
 from streams.table_state import TableState, TableStateSpec
 
@@ -83,6 +91,9 @@ class StreamsConfig:
     batch_size: int = 500
     """Most records handed to a processor at once (``stream.take_events``)."""
     batch_within_s: float = 0.2
+    watermark_interval_s: float = 0.25
+    """Most often a processor's ``on_watermark`` runs (``WatermarkCadence``)."""
+    producer_linger_s: float = 0.02
     commit_interval_s: float = 1.0
     health_interval_s: float = 10.0
     max_record_bytes: int = 1 << 20
@@ -116,17 +127,81 @@ class StreamsConfig:
         return cls(**values)
 
 
-class CommitTracker(Sensor):
-    """Remembers the last committed offset per partition and when the last commit succeeded."""
+class WatermarkCadence:
+    """When to call a processor's ``on_watermark``: at most every ``interval_s`` of wall time,
+    with the highest event time seen meanwhile. Per batch was the rule, but an expiry scan (the
+    bad-case join scans its whole table) then runs for every small batch of every input topic;
+    windows close at most ``interval_s`` later, which their grace periods (seconds) dwarf."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.event_time = float("-inf")
+        self._last_call = float("-inf")
+
+    def due(self, event_time: float) -> bool:
+        """Record ``event_time``; True when ``on_watermark(self.event_time)`` should run now."""
+        self.event_time = max(self.event_time, event_time)
+        now = self.clock()
+        if now - self._last_call < self.interval_s:
+            return False
+        self._last_call = now
+        return True
+
+
+class CommitTracker:
+    """When the worker's offsets were last known committed, from the commit call itself.
+
+    ``track`` wraps the consumer's ``_commit`` (the call that commits to the broker and says whether
+    it did): Faust's sensor hook is the wrong source, because faust-streaming 0.15.3 calls
+    ``app.monitor.on_tp_commit`` (not the sensors) and calls it even when the commit failed. The
+    age is "how long has work been waiting for a commit": it is 0 while nothing processed is
+    uncommitted (an idle worker is not a stuck one), and grows while commits fail or no record
+    gets acknowledged.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self.committed: dict[Any, int] = {}
-        self.last_commit_at: float = time.time()
+        """The offsets the broker confirmed, per partition."""
+        self.last_commit_at: float = clock()
+        self.failures = 0
 
-    def on_tp_commit(self, tp_offsets: Any) -> None:
-        self.committed.update(tp_offsets)
-        self.last_commit_at = time.time()
+    def track(self, consumer: Any) -> None:
+        """Install on a Faust consumer (before it starts)."""
+        faust_commit = consumer._commit
+
+        async def commit(offsets: Any) -> bool:
+            try:
+                done = await faust_commit(offsets)
+            except BaseException:
+                self.failures += 1
+                raise
+            if done:
+                self.on_commit(offsets)
+            else:
+                self.failures += 1
+            return bool(done)
+
+        consumer._commit = commit
+
+    def on_commit(self, offsets: Any) -> None:
+        self.committed.update(offsets)
+        self.last_commit_at = self.clock()
+
+    def age(self, consumer: Any, topics: frozenset[str]) -> float:
+        """Seconds since the last commit, or 0 when every acknowledged offset of ``topics`` is
+        committed and no record is in flight (then "up to date" restarts the clock)."""
+        now = self.clock()
+        waiting = any(m.tp.topic in topics for m in list(getattr(consumer, "_unacked_messages", ())))
+        if not waiting:
+            for tp, acked in list(getattr(consumer, "_acked", {}).items()):
+                if tp.topic in topics and acked and max(acked) + 1 > self.committed.get(tp, -1):
+                    waiting = True
+                    break
+        if not waiting:
+            self.last_commit_at = now
+        return now - self.last_commit_at
 
 
 class StreamsApp:
@@ -158,11 +233,15 @@ class StreamsApp:
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=config.commit_interval_s,
             producer_acks=-1,
+            # Outputs and changelog writes go out in batches, not one produce request each: a few
+            # ms of latency for a fraction of the per-record requests (the worker's main cost).
+            producer_linger=config.producer_linger_s,
+            producer_max_batch_size=1 << 20,
             # Faust keeps little here (in-memory tables), but it must not litter the working folder.
             datadir=datadir,
             **config.faust_options,
         )
-        self.app.sensors.add(self.commits)
+        self.commits.track(self.app.consumer)
         # Durable state: a processor with ``table_state`` gets a Faust table (changelogged, so a
         # restarted worker recovers it) as its ``state``. A processor fed by two topics (the
         # bad-case join: audit and feedback) runs on two agents' threads: a lock per such processor
@@ -173,6 +252,7 @@ class StreamsApp:
             for p in self.processors
         }
         self.table_states: dict[int, TableState[Any]] = {}
+        self._watermarks = {id(p): WatermarkCadence(config.watermark_interval_s) for p in self.processors}
         for processor in self.processors:
             spec: TableStateSpec[Any] | None = getattr(processor, "table_state", None)
             if spec is not None:
@@ -194,7 +274,9 @@ class StreamsApp:
         for name in self.input_topics:
             self._add_agent(name)
         # Faust's rebalance race can commit past records never processed (streams.faust_offsets).
-        guard_consumer_offsets(self.app.consumer, [config.topic_prefix + name for name in self.input_topics])
+        self._guarded_topics = frozenset(config.topic_prefix + name for name in self.input_topics)
+        guard_consumer_offsets(self.app.consumer, self._guarded_topics)
+        install_eager_drain(self.app.consumer)  # no four tasks per fetched record (streams.faust_drain)
         self.app.timer(config.health_interval_s)(self._publish_health)
 
     # --- wiring --------------------------------------------------------------------------------
@@ -221,7 +303,7 @@ class StreamsApp:
                 outputs = await loop.run_in_executor(executor, self._run_processors, topic_name, processors, records)
                 for processor in processors:  # on the loop: only here may a Faust table change
                     if (state := self.table_states.get(id(processor))) is not None:
-                        state.flush()
+                        await self._send_changelog(state)
                 await self._send_all([*dead, *outputs])
                 # take_events acknowledges this batch when the loop comes back here: after the
                 # outputs are in the producer, which Faust flushes before it commits the offsets.
@@ -292,9 +374,12 @@ class StreamsApp:
         else:
             out.extend(self._process_isolating(topic, processor, batch, records))
         try:
-            out.extend(processor.on_watermark(watermark))
-        except Exception:  # noqa: BLE001 - a window that cannot close is retried at the next batch
+            if self._watermarks[id(processor)].due(watermark):
+                out.extend(processor.on_watermark(self._watermarks[id(processor)].event_time))
+        except Exception:
             log.exception("processor %s failed in on_watermark", processor.name)
+        if state is not None:
+            state.seal()  # each key written by the batch encoded once, under the processor's lock
         return out
 
     def _process_isolating(
@@ -304,7 +389,7 @@ class StreamsApp:
         out: list[Event] = []
         try:
             out.extend(processor.process_batch(records))
-        except Exception:  # noqa: BLE001 - see the docstring
+        except Exception:
             log.exception("processor %s failed on a batch of %d records; isolating", processor.name, len(records))
             for record, message in batch:
                 try:
@@ -317,9 +402,38 @@ class StreamsApp:
         return out
 
     async def _send_all(self, records: Sequence[Event]) -> None:
+        """Hand ``records`` to the producer (Faust flushes it before every offset commit).
+
+        Straight to the producer, not through ``Topic.send``: Faust's per-message future, sensor
+        and callback bookkeeping cost more than the processors themselves at fleet rates."""
+        if not records:
+            return
+        producer = self.app.producer
+        prefix = self.config.topic_prefix
         for record in records:
-            await self._topic(record.topic).send(key=record.request_id.encode(), value=encode(record))
+            future = await producer.send(prefix + record.topic, record.request_id.encode(), encode(record),
+                                         partition=None, timestamp=None, headers=None)
+            future.add_done_callback(self._on_delivered)
         self.counts["sent"] += len(records)
+
+    async def _send_changelog(self, state: TableState[Any]) -> None:
+        """Apply the batch's table writes and hand their changelog records (one per key) to the
+        producer, straight, like the outputs (``Table.send_changelog`` goes through Faust's
+        per-message buffer)."""
+        records = state.drain(unsealed=False)
+        if not records:
+            return
+        producer = self.app.producer
+        topic = state.table.changelog_topic.get_topic_name()
+        for partition, key, raw in records:
+            future = await producer.send(topic, key, raw, partition=partition, timestamp=None, headers=None)
+            future.add_done_callback(self._on_delivered)
+        self.counts["changelog"] += len(records)
+
+    def _on_delivered(self, future: Any) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.counts["send_errors"] += 1
+            log.error("an output record was not delivered: %r", future.exception())
 
     def dead_letter(
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes, err: CodecError
@@ -348,7 +462,7 @@ class StreamsApp:
                 request_id="",
                 component="streams",
                 metric="last_commit_age_s",
-                value=now - self.commits.last_commit_at,
+                value=self.commits.age(consumer, self._guarded_topics),
                 labels={"app": self.app.conf.id},
             )
         ]
@@ -391,8 +505,17 @@ class StreamsApp:
         because a consumer subscribed to a missing topic is not re-subscribed for minutes)."""
         from faust.worker import Worker
 
+        class QuietWorker(Worker):
+            def _setup_logging(self) -> None:
+                super()._setup_logging()
+                # mode leaves the root logger at DEBUG and filters in the handler, so every debug
+                # call of aiokafka and Faust (several per record) built a LogRecord to be dropped.
+                level = logging.getLevelName(loglevel.upper())
+                if isinstance(level, int):
+                    logging.getLogger().setLevel(level)
+
         self.ensure_topics()
-        Worker(self.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+        QuietWorker(self.app, loglevel=loglevel, quiet=True).execute_from_commandline()
 
 
 def build_streams_app(
@@ -411,4 +534,4 @@ def build_streams_app(
     return StreamsApp(StreamsConfig.from_settings(settings, **overrides), processors)
 
 
-__all__ = ["StreamsApp", "StreamsConfig", "UnsafeConcurrency", "build_streams_app", "ISSUE_606"]
+__all__ = ["ISSUE_606", "StreamsApp", "StreamsConfig", "UnsafeConcurrency", "build_streams_app"]

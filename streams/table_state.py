@@ -7,8 +7,9 @@ table has a compacted changelog topic, so a restarted worker recovers the state 
 Why the writes are buffered: processors run on an executor thread, but a Faust table can only be
 changed on the event loop (``send_changelog`` uses the producer's buffer, and the changelog
 partition comes from ``current_event()``, a context variable the thread does not see). So reads
-and writes from the processor go to ``pending`` (key -> new value bytes, or ``None`` for a delete)
-layered over the table, and ``flush()``, called on the event loop after the batch, applies them to
+and writes from the processor go to ``pending`` (key -> new value, or a delete) layered over the
+table; ``seal()``, called on the processor's thread at the end of a batch, encodes each written key
+once (however often the batch wrote it); and ``flush()``, called on the event loop after the batch, applies them to
 the table's store and sends them to the changelog: a value, or a tombstone for a delete, so a
 deleted (expired) key is not resurrected by recovery. The changelog partition of a key is the
 partition of the input record that wrote it (``partition``, set by the adapter per partition
@@ -45,68 +46,136 @@ class TableStateSpec(Generic[V]):
         return cls(name, msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder(value_type).decode)
 
 
+_DELETED: Any = object()
+"""A pending delete (a tombstone in the changelog)."""
+
+
 class TableState(MutableMapping[str, V]):
-    """``str`` keys and decoded values over a Faust table of ``bytes`` keys and ``bytes`` values."""
+    """``str`` keys and decoded values over a Faust table of ``bytes`` keys and ``bytes`` values.
+
+    Writes are coalesced: a key written many times in a batch is encoded once, by ``seal()`` at the
+    end of the batch (on the processor's thread), and sent to the changelog once, by ``flush()``.
+    """
 
     def __init__(self, table: Any, spec: TableStateSpec[V]) -> None:
         self.table = table
         self.spec = spec
         self.partition: int | None = None
         """The input partition of the records being processed (set by the adapter)."""
-        self._pending: dict[bytes, tuple[int, bytes | None]] = {}
+        # key -> (partition, decoded value or _DELETED): written in the batch being processed, not
+        # encoded yet (the processor may still change the value in place).
+        self._pending: dict[bytes, tuple[int, Any]] = {}
+        # key -> (partition, raw bytes or None): encoded by ``seal()``, waiting for ``flush()``.
+        self._sealed: dict[bytes, tuple[int, bytes | None]] = {}
         # key -> (raw bytes, decoded value): decoding once per change, not once per read, matters
         # because expiry scans every entry after every batch.
         self._decoded: dict[bytes, tuple[bytes, V]] = {}
         self._partition_of: dict[bytes, int] = {}
+        # key -> decoded value of every key, kept with the writes; None: rebuild from the store.
+        self._live: dict[str, V] | None = None
         # Reads/writes (processor thread) and flush (event loop) must not interleave.
         self._lock = threading.RLock()
+        self._watch_store()
 
     # --- reads and writes (processor thread) ---------------------------------------------------
     @property
     def _store(self) -> MutableMapping[bytes, bytes]:
         return self.table.data  # the table's store (memory:// here), a mapping of raw bytes
 
-    def _raw(self, key: bytes) -> bytes | None:
-        if key in self._pending:
-            return self._pending[key][1]
-        return self._store.get(key)
+    def _watch_store(self) -> None:
+        """Drop the decoded view whenever Faust changes the store itself (recovery from the
+        changelog, revoked partitions dropped after a rebalance): it is rebuilt on the next use."""
+        store = self._store
+
+        def stale() -> None:
+            self._live = None
+
+        for name in ("apply_changelog_batch", "_clear", "clear", "reset_state"):
+            method = getattr(store, name, None)
+            if callable(method) and hasattr(store, "__dict__"):
+                def sync(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                    try:
+                        return _method(*args, **kwargs)
+                    finally:
+                        stale()
+                setattr(store, name, sync)
+        for name in ("on_recovery_completed", "on_rebalance"):
+            method = getattr(store, name, None)
+            if callable(method) and hasattr(store, "__dict__"):
+                async def asynchronous(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                    try:
+                        return await _method(*args, **kwargs)
+                    finally:
+                        stale()
+                setattr(store, name, asynchronous)
+
+    def _view(self) -> dict[str, V]:
+        """Every key's current decoded value: the store, under the sealed and the pending writes."""
+        live = self._live
+        if live is not None:
+            return live
+        live = {}
+        decoded = self._decoded
+        store = self._store
+        for k, raw in list(getattr(store, "data", store).items()):
+            cached = decoded.get(k)
+            if cached is None or cached[0] is not raw:
+                cached = decoded[k] = (raw, self.spec.decode(raw))
+            live[k.decode()] = cached[1]
+        for k, (_, raw) in self._sealed.items():
+            if raw is None:
+                live.pop(k.decode(), None)
+            else:
+                live[k.decode()] = self._decoded[k][1]
+        for k, (_, value) in self._pending.items():
+            if value is _DELETED:
+                live.pop(k.decode(), None)
+            else:
+                live[k.decode()] = value
+        self._live = live
+        return live
 
     def __getitem__(self, key: str) -> V:
-        k = key.encode()
         with self._lock:
-            raw = self._raw(k)
-            if raw is None:
-                raise KeyError(key)
-            cached = self._decoded.get(k)
-            if cached is not None and cached[0] is raw:
-                return cached[1]
-            value = self.spec.decode(raw)
-            self._decoded[k] = (raw, value)
-            return value
+            return self._view()[key]
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._view()
 
     def __setitem__(self, key: str, value: V) -> None:
         k = key.encode()
-        raw = self.spec.encode(value)
         with self._lock:
-            self._pending[k] = (self._partition_for(k), raw)
-            self._decoded[k] = (raw, value)
+            self._pending[k] = (self._partition_for(k), value)
+            self._view()[key] = value
 
     def __delitem__(self, key: str) -> None:
         k = key.encode()
         with self._lock:
-            if self._raw(k) is None:
+            view = self._view()
+            if key not in view:
                 raise KeyError(key)
-            self._pending[k] = (self._partition_for(k), None)
-            self._decoded.pop(k, None)
+            self._pending[k] = (self._partition_for(k), _DELETED)
+            del view[key]
+
+    def items(self) -> Any:
+        """Every (key, value), without per-key lookups (expiry scans every entry). A live view:
+        like a dict's, do not write while iterating it (the processor's lock keeps other threads
+        out; ``flush`` never changes it)."""
+        with self._lock:
+            return self._view().items()
+
+    def values(self) -> list[V]:  # type: ignore[override]
+        with self._lock:
+            return list(self._view().values())
 
     def __iter__(self) -> Iterator[str]:
         with self._lock:
-            keys = [k for k in self._store if k not in self._pending]
-            keys += [k for k, (_, raw) in self._pending.items() if raw is not None]
-        return (k.decode() for k in keys)
+            return iter(list(self._view()))
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        with self._lock:
+            return len(self._view())
 
     def _partition_for(self, key: bytes) -> int:
         """The changelog partition of a write; raised here, on the processor's thread, when
@@ -116,8 +185,9 @@ class TableState(MutableMapping[str, V]):
             return self.partition
         # A write outside a partition group (expiry): the partition the key was last written to
         # in this batch, before it, or recovered from (the memory store remembers that).
-        if key in self._pending:
-            return self._pending[key][0]
+        for written in (self._pending, self._sealed):
+            if key in written:
+                return written[key][0]
         if key in self._partition_of:
             return self._partition_of[key]
         recovered = getattr(self.table.data, "_key_partition", {})
@@ -125,17 +195,48 @@ class TableState(MutableMapping[str, V]):
             return int(recovered[key])
         raise RuntimeError(f"no changelog partition for table key {key!r}: written outside a partition group")
 
-    # --- flush (event loop) --------------------------------------------------------------------
-    def flush(self) -> int:
-        """Apply the pending writes to the table and its changelog; returns how many."""
+    def seal(self) -> int:
+        """Encode the batch's writes, once per key (processor thread, after the batch); returns how many."""
         with self._lock:
             pending, self._pending = self._pending, {}
+            encode = self.spec.encode
+            for key, (partition, value) in pending.items():
+                if value is _DELETED:
+                    self._sealed[key] = (partition, None)
+                else:
+                    raw = encode(value)
+                    self._sealed[key] = (partition, raw)
+                    self._decoded[key] = (raw, value)
+        return len(pending)
+
+    # --- flush (event loop) --------------------------------------------------------------------
+    def flush(self, unsealed: bool = True) -> int:
+        """Apply the sealed writes (and, unless ``unsealed`` is false, the pending ones) to the table
+        and send them to its changelog with ``table.send_changelog``; returns how many."""
+        records = self.drain(unsealed)
+        for partition, key, raw in records:
+            self.table.send_changelog(partition, key, raw, key_serializer="raw", value_serializer="raw")
+        return len(records)
+
+    def drain(self, unsealed: bool = True) -> list[tuple[int, bytes, bytes | None]]:
+        """Apply the sealed writes (and, unless ``unsealed`` is false, the pending ones) to the
+        table's store; return the changelog records they make, one per key: (partition, key, value
+        or None for a tombstone). The caller sends them before the batch is acknowledged.
+
+        The adapter passes ``unsealed=False``: a write still pending belongs to a batch another
+        thread is processing, and its value may still change."""
+        with self._lock:
+            if unsealed:
+                self.seal()
+            sealed, self._sealed = self._sealed, {}
             store = self.table.data
             key_partition = getattr(store, "_key_partition", None)
-            for key, (partition, raw) in pending.items():
+            records: list[tuple[int, bytes, bytes | None]] = []
+            for key, (partition, raw) in sealed.items():
                 if raw is None:
                     store.pop(key, None)
                     self._partition_of.pop(key, None)
+                    self._decoded.pop(key, None)
                     if key_partition is not None:
                         key_partition.pop(key, None)
                 else:
@@ -145,8 +246,8 @@ class TableState(MutableMapping[str, V]):
                         # The memory store drops keys of revoked partitions after a rebalance only
                         # if it knows their partition; it learns that only from recovery.
                         key_partition[key] = partition
-                self.table.send_changelog(partition, key, raw, key_serializer="raw", value_serializer="raw")
-        return len(pending)
+                records.append((partition, key, raw))
+        return records
 
 
 __all__ = ["TableState", "TableStateSpec"]

@@ -69,6 +69,7 @@ HOW_TO = {
     "sinks": "`entroloop bench sinks` — one sink process inserting into chDB; Parquet writing; audit verification.",
     "collector": "`entroloop bench collector` — the same engine and workload without the entropy tap, with it, and with top-20 logprobs + host entropy.",
     "publisher": "`entroloop bench publisher` — hot-path enqueue latency and throughput of the serving-side publisher.",
+    "workers": "`entroloop bench workers` — `entroloop worker` (Faust) and a plain confluent-kafka loop with the same processors draining the same fleet events, one process each.",
     "lag": "`entroloop bench lag` — emit → queryable lag per event through the pipeline at a fixed request rate.",
 }
 

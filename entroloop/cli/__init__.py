@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "sinks",
     "training",
     "bench_lag",
+    "bench_workers",
     "gateway",
     "eval",
     "actions",

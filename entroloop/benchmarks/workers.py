@@ -1,0 +1,350 @@
+"""The Faust worker against a plain confluent-kafka loop running the same processors.
+
+Both consumers are worker processes of their own, started the same way and observed the same way
+from here, on the same fleet events (``collectors.synthetic_fleet``) published beforehand to topics
+of their own (a fresh prefix each, so neither sees the other's outputs):
+
+- ``faust``: ``entroloop worker`` (``streams.app``), the deployment's worker;
+- ``plain``: :func:`plain_loop` below: one confluent-kafka consumer on the same input topics, each
+  poll batch decoded with ``entroloop.contract.codec`` and handed to the same processors
+  (``streams.defaults.default_processors``), outputs produced to their topics, the producer flushed
+  and the offsets committed every second (at-least-once, like the worker).
+
+Both are observed the same way, every 20 ms: the consumer group's committed offsets on the fleet's
+topics and the worker process's CPU time (all threads, from /proc). The measured span starts at
+the group's first commit (so start-up, group join and table recovery are left out) and ends at the
+last sample in which the process was still busy (>= ``BUSY_CORES``) before the commit that covers
+every event (a commit comes up to a second after the work is done; an idle worker uses a few
+percent of a core). events/s = events committed after the first commit / the span; CPU per event =
+the process's CPU time over the span / those events. The ratio is taken per run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from entroloop.benchmarks.repeats import Repeated, repeat_many
+from entroloop.benchmarks.report import Figure
+
+SECTION = "workers"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TARGET_RATIO = 0.5
+TARGET_EVENTS_PER_S = 20_000
+PLAIN_GROUP = "plain-loop"
+FAUST_GROUP = "entroloop-streams"  # StreamsConfig.app_id
+_POLL_S = 0.02
+BUSY_CORES = 0.3
+"""A process using at least this much of a core between two samples is still working."""
+
+
+def fleet_payloads(requests: int, seed: int = 7) -> list[tuple[str, bytes, bytes]]:
+    """(topic name without prefix, key, encoded value) of every fleet event a worker consumes."""
+    from collectors.synthetic_fleet import SyntheticFleet
+    from entroloop.contract.codec import encode
+    from entroloop.contract.settings import Settings
+    from entroloop.contract.topics import TOPIC_BY_TYPE
+    from streams.defaults import default_processors
+
+    consumed = {TOPIC_BY_TYPE[t].name for p in default_processors(Settings(), with_intent=False) for t in p.inputs}
+    out: list[tuple[str, bytes, bytes]] = []
+    for request in SyntheticFleet(seed=seed).requests(requests):
+        for record in request.records:
+            if record.topic in consumed:
+                out.append((record.topic, record.request_id.encode(), encode(record)))
+    return out
+
+
+def _publish(bootstrap: str, prefix: str, payloads: list[tuple[str, bytes, bytes]], partitions: int) -> None:
+    from confluent_kafka import Producer
+
+    from entroloop.infra.kafka_topics import ensure_topics
+
+    ensure_topics(bootstrap, prefix, partitions)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1 << 20,
+                         "compression.type": "lz4", "queue.buffering.max.messages": 1_000_000, "acks": "all"})
+    for topic, key, value in payloads:
+        while True:
+            try:
+                producer.produce(prefix + topic, value=value, key=key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    if producer.flush(120):
+        raise RuntimeError("the benchmark's events were not all delivered to the broker")
+
+
+def _end_offsets(bootstrap: str, prefix: str, topics: list[str]) -> dict[tuple[str, int], int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "entroloop-bench-probe"})
+    try:
+        ends: dict[tuple[str, int], int] = {}
+        meta = consumer.list_topics(timeout=30)
+        for name in topics:
+            for partition in meta.topics[prefix + name].partitions:
+                _, high = consumer.get_watermark_offsets(TopicPartition(prefix + name, partition), timeout=30)
+                ends[(prefix + name, partition)] = high
+        return ends
+    finally:
+        consumer.close()
+
+
+def _changelog_records(bootstrap: str, prefix: str) -> int:
+    """Records in the worker's table changelog topics (the bad-case join, the entropy carry)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "entroloop-bench-probe"})
+    try:
+        total = 0
+        for name, topic in consumer.list_topics(timeout=30).topics.items():
+            if name.startswith(prefix) and name.endswith("-changelog"):
+                for partition in topic.partitions:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=30)
+                    total += high - low
+        return total
+    finally:
+        consumer.close()
+
+
+def delete_topics(bootstrap: str, prefix: str) -> None:
+    """Delete the run's topics (a shared broker would otherwise pile up hundreds of partitions)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [name for name in admin.list_topics(timeout=30).topics if name.startswith(prefix)]
+    for future in admin.delete_topics(names, operation_timeout=30).values() if names else ():
+        future.result(timeout=60)
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU time (user + system, every thread) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _watch(proc: subprocess.Popen, bootstrap: str, group: str, ends: dict[tuple[str, int], int],
+           timeout_s: float, log_path: Path) -> dict[str, float]:
+    """Observe ``group``'s commits on the fleet topics until they cover ``ends``; the rate between
+    the first commit and that one, and the process's CPU time per event meanwhile."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    total = sum(ends.values())
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    tps = [TopicPartition(topic, partition) for topic, partition in ends]
+    first: tuple[float, int, float] | None = None
+    busy: tuple[float, float] | None = None  # (time, cpu) of the last sample the process was busy in
+    previous = (time.monotonic(), _cpu_s(proc.pid))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the {group} worker exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            committed = sum(max(0, tp.offset) for tp in probe.committed(tps, timeout=10))
+            now, cpu = time.monotonic(), _cpu_s(proc.pid)
+            if (cpu - previous[1]) >= BUSY_CORES * (now - previous[0]):
+                busy = (now, cpu)
+            previous = (now, cpu)
+            if committed and first is None:
+                first = (now, committed, cpu)
+            elif first is not None and committed >= total:
+                events = committed - first[1]
+                end, end_cpu = busy if busy and busy[0] > first[0] else (now, cpu)
+                seconds = end - first[0]
+                if events <= 0 or seconds <= 0:
+                    raise RuntimeError("the first commit already covered every event: publish more (--requests)")
+                return {"events": float(total), "events_measured": float(events), "seconds": seconds,
+                        "events_per_s": events / seconds, "cpu_us_per_event": (end_cpu - first[2]) / events * 1e6,
+                        "cores": (end_cpu - first[2]) / seconds}
+            time.sleep(_POLL_S)
+    finally:
+        probe.close()
+    raise TimeoutError(f"the {group} worker did not commit all {total:,} events in {timeout_s:.0f} s:\n"
+                       f"{log_path.read_text()[-3000:]}")
+
+
+def _start(variant: str, bootstrap: str, prefix: str, partitions: int, folder: Path) -> tuple[subprocess.Popen, Path]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ENTROLOOP_KAFKA_BOOTSTRAP": bootstrap,
+           "ENTROLOOP_TOPIC_PREFIX": prefix, "ENTROLOOP_PARTITIONS": str(partitions),
+           "ENTROLOOP_DATA_DIR": str(folder / variant)}
+    if variant == "faust":
+        args = [sys.executable, "-m", "entroloop.cli", "worker", "--loglevel", "warn"]
+    else:
+        args = [sys.executable, "-m", "entroloop.benchmarks.workers"]
+    log_path = folder / f"{variant}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return proc, log_path
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
+def measure_once(bootstrap: str, payloads: list[tuple[str, bytes, bytes]], partitions: int = 6,
+                 timeout_s: float = 600, progress: Callable[[str], None] = lambda text: None) -> dict[str, float]:
+    """One run of both variants (plain first, then Faust) on the same events; their figures and ratio."""
+    topics = sorted({topic for topic, _, _ in payloads})
+    result: dict[str, float] = {}
+    stamp = f"{int(time.time() * 1000)}"
+    with tempfile.TemporaryDirectory(prefix="entroloop-bench-workers-") as tmp:
+        for variant, group in (("plain", PLAIN_GROUP), ("faust", FAUST_GROUP)):
+            prefix = f"bw{stamp}{variant[0]}."
+            progress(f"{variant}: publishing {len(payloads):,} events")
+            _publish(bootstrap, prefix, payloads, partitions)
+            ends = _end_offsets(bootstrap, prefix, topics)
+            progress(f"{variant}: draining {sum(ends.values()):,} events")
+            proc, log_path = _start(variant, bootstrap, prefix, partitions, Path(tmp))
+            try:
+                measured = _watch(proc, bootstrap, prefix + group, ends, timeout_s, log_path)
+                if variant == "faust":
+                    result["faust_changelog_records"] = float(_changelog_records(bootstrap, prefix))
+            finally:
+                _stop(proc)
+                delete_topics(bootstrap, prefix)
+            for key, value in measured.items():
+                result[f"{variant}_{key}"] = value
+    result["ratio"] = result["faust_events_per_s"] / result["plain_events_per_s"]
+    result["cpu_ratio"] = result["faust_cpu_us_per_event"] / result["plain_cpu_us_per_event"]
+    return result
+
+
+def run(bootstrap: str, requests: int = 40_000, runs: int = 3, partitions: int = 6, seed: int = 7,
+        progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+    progress(f"generating {requests:,} fleet requests")
+    payloads = fleet_payloads(requests, seed)
+    count = iter(range(1, runs + 1))
+
+    def once() -> dict[str, float]:
+        n = next(count)
+        return measure_once(bootstrap, payloads, partitions, progress=lambda text: progress(f"run {n}/{runs}: {text}"))
+
+    repeated = repeat_many(once, runs)
+    return {"requests": requests, "events": len(payloads), "partitions": partitions, "repeated": repeated}
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    r: dict[str, Repeated] = result["repeated"]
+    note = (f"{result['events']:,} fleet events ({result['requests']:,} requests: tokens, audit, feedback, fallbacks) "
+            f"on {result['partitions']} partitions per topic, drained by one worker process each; rate between the "
+            "group's first commit and the commit covering every event (both commit every 1 s)")
+    faust = r["faust_events_per_s"]
+    ratio = r["ratio"]
+    return [
+        Figure.repeated(SECTION, "Faust worker (`entroloop worker`)", faust, "events/s",
+                        target=f">= {TARGET_EVENTS_PER_S:,}", met=faust.median >= TARGET_EVENTS_PER_S, note=note),
+        Figure.repeated(SECTION, "plain confluent-kafka loop, same processors", r["plain_events_per_s"], "events/s"),
+        Figure.repeated(SECTION, "Faust / plain throughput", ratio, "×", target=f">= {TARGET_RATIO:g}",
+                        met=ratio.median >= TARGET_RATIO, baseline="the plain loop in the same run"),
+        Figure.repeated(SECTION, "Faust worker CPU per event", r["faust_cpu_us_per_event"], "µs"),
+        Figure.repeated(SECTION, "plain loop CPU per event", r["plain_cpu_us_per_event"], "µs"),
+        Figure.repeated(SECTION, "Faust / plain CPU per event", r["cpu_ratio"], "×",
+                        baseline="the plain loop in the same run"),
+        Figure.repeated(SECTION, "Faust worker CPU while draining", r["faust_cores"], "cores"),
+        Figure.repeated(SECTION, "Faust table changelog records", r["faust_changelog_records"], "records",
+                        note="one per key per batch (the bad-case join keeps an entry per request)"),
+    ]
+
+
+def not_measured(reason: str) -> list[Figure]:
+    return [Figure(SECTION, "Faust worker (`entroloop worker`)", None, "events/s",
+                   target=f">= {TARGET_EVENTS_PER_S:,}", note=f"not measured: {reason}")]
+
+
+# --- the plain loop (run as `python -m entroloop.benchmarks.workers`) -----------------------------
+def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, commit_interval_s: float = 1.0) -> None:
+    """Consume the processors' input topics with one confluent-kafka consumer; settings from the
+    environment (ENTROLOOP_KAFKA_BOOTSTRAP, ENTROLOOP_TOPIC_PREFIX), group ``PREFIX + plain-loop``."""
+    from collections import defaultdict
+
+    from confluent_kafka import Consumer, Producer
+
+    from entroloop.contract.codec import CodecError, decode, encode
+    from entroloop.contract.settings import load_settings
+    from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
+    from streams.app import StreamsConfig, WatermarkCadence
+    from streams.defaults import default_processors
+
+    settings = load_settings()
+    prefix = settings.topic_prefix
+    processors = default_processors(settings, with_intent=False)
+    # The worker's on_watermark cadence, so both run the processors' window and expiry work alike.
+    cadence = {id(p): WatermarkCadence(StreamsConfig.watermark_interval_s) for p in processors}
+    routes: dict[type, list[Any]] = defaultdict(list)
+    for processor in processors:
+        for record_type in processor.inputs:
+            routes[record_type].append(processor)
+    topics = sorted({TOPIC_BY_TYPE[t].name for t in routes})
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": prefix + PLAIN_GROUP,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 5, "acks": "all"})
+    consumer.subscribe([prefix + t for t in topics])
+    last_commit = time.monotonic()
+    uncommitted = False
+    try:
+        while not stop():
+            messages = consumer.consume(batch_size, timeout=0.2)
+            by_type: dict[type, list[Any]] = defaultdict(list)
+            for message in messages:
+                if message.error():
+                    continue
+                name = message.topic().removeprefix(prefix)
+                try:
+                    record = decode(message.value(), settings.max_record_bytes)
+                except CodecError:
+                    continue  # the worker would publish a dead letter; the fleet sends none
+                if isinstance(record, TOPIC_BY_NAME[name].record_type):
+                    by_type[type(record)].append(record)
+            outputs: list[Any] = []
+            for record_type, records in by_type.items():
+                watermark = max(r.emitted_at for r in records)
+                for processor in routes[record_type]:
+                    outputs.extend(processor.process_batch(records))
+                    if cadence[id(processor)].due(watermark):
+                        outputs.extend(processor.on_watermark(cadence[id(processor)].event_time))
+            for record in outputs:
+                while True:
+                    try:
+                        producer.produce(prefix + record.topic, value=encode(record), key=record.request_id.encode())
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            producer.poll(0)
+            uncommitted = uncommitted or bool(messages)
+            if uncommitted and time.monotonic() - last_commit >= commit_interval_s:
+                producer.flush(30)  # at-least-once: outputs on the broker before their inputs' offsets
+                consumer.commit(asynchronous=False)
+                last_commit, uncommitted = time.monotonic(), False
+    finally:
+        consumer.close()
+
+
+def main() -> None:
+    stopping = False
+
+    def on_term(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    plain_loop(stop=lambda: stopping)
+    print(json.dumps({"stopped": True}))
+
+
+if __name__ == "__main__":
+    main()

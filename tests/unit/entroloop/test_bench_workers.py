@@ -1,0 +1,41 @@
+"""`entroloop bench workers`: registered like the other benches, says so without a broker, and its
+figures take the ratio per run and judge the targets on the medians."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from entroloop.benchmarks import workers
+from entroloop.benchmarks.repeats import Repeated
+from entroloop.cli import app, bench
+
+
+def test_bench_workers_is_a_benchmark_and_without_a_broker_says_so(tmp_path: Path) -> None:
+    assert "workers" in bench.BENCHMARKS
+    out = tmp_path / "BENCHMARKS.md"
+    result = CliRunner().invoke(app, ["bench", "workers", "--broker", "127.0.0.1:1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    row = json.loads(out.with_suffix(".json").read_text())["workers"][0]
+    assert row["value"] is None and "not reachable" in row["note"]
+
+
+def test_figures_report_medians_spreads_and_the_targets() -> None:
+    def rep(*values: float) -> Repeated:
+        return Repeated(values, (0.5, 1.5))
+
+    result = {"requests": 40_000, "events": 87_000, "partitions": 6, "repeated": {
+        "faust_events_per_s": rep(21_000, 25_000, 19_000), "plain_events_per_s": rep(40_000, 42_000, 30_000),
+        "ratio": rep(0.525, 0.595, 0.633), "faust_cpu_us_per_event": rep(50, 60, 55),
+        "plain_cpu_us_per_event": rep(30, 31, 29), "cpu_ratio": rep(1.7, 1.9, 1.8), "faust_cores": rep(1, 1, 1),
+        "faust_changelog_records": rep(40_000, 40_000, 40_000)}}
+    figures = {f.name: f for f in workers.figures(result)}
+    faust = figures["Faust worker (`entroloop worker`)"]
+    assert faust.value == 21_000 and faust.met is True and faust.runs == 3 and faust.load_average == 1.5
+    assert faust.spread == "19,000–25,000"
+    ratio = figures["Faust / plain throughput"]
+    assert ratio.value == 0.595 and ratio.met is True  # the median of the per-run ratios
+    result["repeated"]["ratio"] = rep(0.2, 0.3, 0.4)
+    assert {f.name: f for f in workers.figures(result)}["Faust / plain throughput"].met is False

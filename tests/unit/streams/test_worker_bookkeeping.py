@@ -1,0 +1,128 @@
+"""streams/app.py bookkeeping without a broker: the commit age from the commit call, the
+on_watermark cadence, and table writes coalesced per key per batch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import namedtuple
+from typing import Any
+
+from streams.app import CommitTracker, WatermarkCadence
+from streams.table_state import TableState, TableStateSpec
+
+TP = namedtuple("TP", "topic partition")
+IN = TP("p.in", 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeConsumer:
+    """What the tracker uses of Faust's consumer: ``_commit`` and its ack bookkeeping."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+        self._acked: dict[TP, list[int]] = {}
+        self._unacked_messages: set[Any] = set()
+
+    async def _commit(self, offsets: dict[TP, int]) -> bool:
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+def test_commit_age_counts_only_commits_the_broker_confirmed() -> None:
+    clock = Clock()
+    consumer = FakeConsumer(result=False)  # Faust's _commit answers False when the commit failed
+    tracker = CommitTracker(clock)
+    tracker.track(consumer)
+    consumer._acked[IN] = [41]  # offsets up to 41 processed: 42 waits for a commit
+    clock.now += 5
+    assert asyncio.run(consumer._commit({IN: 42})) is False
+    assert tracker.age(consumer, frozenset({"p.in"})) == 5 and tracker.failures == 1
+    consumer.result = RuntimeError("broker down")
+    clock.now += 5
+    try:
+        asyncio.run(consumer._commit({IN: 42}))
+    except RuntimeError:
+        pass
+    assert tracker.age(consumer, frozenset({"p.in"})) == 10 and tracker.failures == 2
+    consumer.result = True
+    assert asyncio.run(consumer._commit({IN: 42})) is True
+    clock.now += 1
+    assert tracker.committed == {IN: 42}
+    assert tracker.age(consumer, frozenset({"p.in"})) == 0  # everything acknowledged is committed
+
+
+def test_an_idle_worker_is_up_to_date_and_a_record_in_flight_is_not() -> None:
+    clock = Clock()
+    consumer = FakeConsumer(result=True)
+    tracker = CommitTracker(clock)
+    tracker.track(consumer)
+    clock.now += 30
+    assert tracker.age(consumer, frozenset({"p.in"})) == 0  # nothing processed, nothing to commit
+    Message = namedtuple("Message", "tp offset")
+    consumer._unacked_messages.add(Message(IN, 0))
+    clock.now += 7
+    assert tracker.age(consumer, frozenset({"p.in"})) == 7
+    assert tracker.age(consumer, frozenset({"p.other"})) == 0  # only the input topics count
+
+
+def test_watermark_cadence_keeps_the_highest_event_time_between_calls() -> None:
+    clock = Clock()
+    cadence = WatermarkCadence(0.25, clock)
+    assert cadence.due(10.0) and cadence.event_time == 10.0
+    clock.now += 0.1
+    assert not cadence.due(12.0)
+    clock.now += 0.1
+    assert not cadence.due(11.0)
+    clock.now += 0.1
+    assert cadence.due(11.5) and cadence.event_time == 12.0
+
+
+class Store(dict):  # type: ignore[type-arg]
+    def apply_changelog_batch(self, batch: list[tuple[bytes, bytes]]) -> None:
+        self.update(batch)
+
+
+class Table:
+    def __init__(self) -> None:
+        self.data = Store()
+        self.changelog: list[tuple[int, bytes, bytes | None]] = []
+
+    def send_changelog(self, partition: int, key: bytes, value: bytes | None, **_: Any) -> None:
+        self.changelog.append((partition, key, value))
+
+
+def text_state(table: Table) -> TableState[str]:
+    return TableState(table, TableStateSpec("t", str.encode, bytes.decode))
+
+
+def test_a_key_written_many_times_in_a_batch_is_one_changelog_record() -> None:
+    table = Table()
+    state = text_state(table)
+    state.partition = 2
+    for value in ("a", "b", "c"):
+        state["k"] = value
+    state["gone"] = "x"
+    del state["gone"]
+    assert dict(state.items()) == {"k": "c"} and len(state) == 1
+    assert state.seal() == 2
+    assert state.drain(unsealed=False) == [(2, b"k", b"c"), (2, b"gone", None)]
+    assert table.data == {b"k": b"c"} and state["k"] == "c"
+
+
+def test_unsealed_writes_wait_for_their_batch_and_recovery_refreshes_the_view() -> None:
+    table = Table()
+    state = text_state(table)
+    state.partition = 0
+    state["a"] = "1"
+    assert state.drain(unsealed=False) == []  # another thread's batch: not sealed yet
+    assert state.flush() == 1 and table.changelog == [(0, b"a", b"1")]
+    table.data.apply_changelog_batch([(b"b", b"2")])  # Faust recovering the changelog
+    assert dict(state.items()) == {"a": "1", "b": "2"} and "b" in state
