@@ -55,7 +55,7 @@ import os
 import socket
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -68,6 +68,7 @@ from entroloop.contract.ids import NodeStamper, derived_event_id
 from entroloop.contract.records import DeadLetter, Event, Health
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
+from entroloop.infra.metrics import CONSUMER_LAG, DEAD_LETTERS, EVENTS_IN, EVENTS_OUT, LAST_COMMIT
 from streams.base import Processor
 from streams.faust_drain import install_eager_drain
 from streams.faust_offsets import guard_consumer_offsets
@@ -300,6 +301,7 @@ class StreamsApp:
             loop = asyncio.get_running_loop()
             async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
                 records, dead = self._decode_batch(topic_name, record_type, events)
+                EVENTS_IN.labels("worker", topic_name).inc(len(events))  # per batch: never per record
                 outputs = await loop.run_in_executor(executor, self._run_processors, topic_name, processors, records)
                 for processor in processors:  # on the loop: only here may a Faust table change
                     if (state := self.table_states.get(id(processor))) is not None:
@@ -415,6 +417,10 @@ class StreamsApp:
                                          partition=None, timestamp=None, headers=None)
             future.add_done_callback(self._on_delivered)
         self.counts["sent"] += len(records)
+        for topic, n in Counter(record.topic for record in records).items():
+            EVENTS_OUT.labels("worker", topic).inc(n)
+        for source, n in Counter(r.source_topic for r in records if isinstance(r, DeadLetter)).items():
+            DEAD_LETTERS.labels("worker", source).inc(n)
 
     async def _send_changelog(self, state: TableState[Any]) -> None:
         """Apply the batch's table writes and hand their changelog records (one per key) to the
@@ -456,13 +462,15 @@ class StreamsApp:
         """Consumer lag per assigned partition and the age of the last commit, as Health records."""
         consumer = self.app.consumer
         now = time.time()
+        commit_age = self.commits.age(consumer, self._guarded_topics)
+        LAST_COMMIT.labels("worker").set(now - commit_age)
         records = [
             Health(
                 **self.stamper.stamp(now),
                 request_id="",
                 component="streams",
                 metric="last_commit_age_s",
-                value=self.commits.age(consumer, self._guarded_topics),
+                value=commit_age,
                 labels={"app": self.app.conf.id},
             )
         ]
@@ -475,6 +483,8 @@ class StreamsApp:
             except Exception:  # noqa: BLE001 - not fetched yet
                 continue
             committed = self.commits.committed.get(tp) or consumer._committed_offset.get(tp) or 0
+            CONSUMER_LAG.labels("worker", tp.topic.removeprefix(prefix), str(tp.partition)).set(
+                max(0, (highwater or 0) - committed))
             records.append(
                 Health(
                     **self.stamper.stamp(now),

@@ -91,7 +91,10 @@ def register(app: typer.Typer) -> None:
         """
         from streams.app import build_streams_app
 
+        from entroloop.infra.metrics import serve_metrics
+
         settings = distributed_settings(broker, topic_prefix)
+        serve_metrics(settings.metrics_port)
         streams = build_streams_app(settings)
         console.print(f"worker: {len(streams.processors)} processors on {', '.join(streams.input_topics)} "
                       f"via {settings.kafka_bootstrap}")

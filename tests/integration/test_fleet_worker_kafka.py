@@ -8,12 +8,15 @@ in-process from the same synthetic traffic are exactly the set the worker must p
 from __future__ import annotations
 
 import signal
+import socket
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from entroloop.cli import app as cli
@@ -97,9 +100,23 @@ def publish_fleet(bootstrap: str, prefix: str, requests: int, seed: int, spool: 
     assert "dropped=0" in result.output and "delivered_all=True" in result.output, result.output
 
 
-def start_worker(bootstrap: str, prefix: str, tmp: Path) -> tuple[WorkerProcess, Path]:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """The worker's Prometheus metrics (ENTROLOOP_METRICS_PORT), as {(name, labels): value}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def start_worker(bootstrap: str, prefix: str, tmp: Path, metrics_port: int = 0) -> tuple[WorkerProcess, Path]:
     """``entroloop worker`` on ``prefix``'s topics, with short session and commit intervals."""
     env = {
+        "ENTROLOOP_METRICS_PORT": str(metrics_port),
         "ENTROLOOP_KAFKA_BOOTSTRAP": bootstrap,
         "ENTROLOOP_TOPIC_PREFIX": prefix,
         "ENTROLOOP_DATA_DIR": str(tmp / "data"),
@@ -145,10 +162,12 @@ def test_worker_publishes_exactly_the_in_process_alerts(kafka_bootstrap: str, to
     expected = expected_entropy_alerts(kafka_bootstrap, topic_prefix)
     assert expected, "the fleet must inject some loops and gibberish"
     reader = AlertReader(kafka_bootstrap, topic_prefix + Alert.topic)
-    worker, log_path = start_worker(kafka_bootstrap, topic_prefix, tmp_path)
+    port = free_port()
+    worker, log_path = start_worker(kafka_bootstrap, topic_prefix, tmp_path, metrics_port=port)
     try:
         complete = reader.read_until_complete(expected, timeout=120, worker=worker)
         reader.read(2.0)
+        metrics = scrape(port)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
@@ -156,6 +175,10 @@ def test_worker_publishes_exactly_the_in_process_alerts(kafka_bootstrap: str, to
     assert complete, missing_alerts_report(kafka_bootstrap, topic_prefix, expected - set(reader.ids), log_path)
     assert set(reader.ids) == expected, "the worker published alerts the processors would not"
     assert max(reader.ids.values()) == 1, "a clean run publishes every alert once"
+    # what a Prometheus scrape of the worker says agrees with what it did
+    tokens = metrics[("entroloop_events_in_total", (("component", "worker"), ("topic", TokenEntropy.topic)))]
+    alerts_out = metrics[("entroloop_events_out_total", (("component", "worker"), ("topic", Alert.topic)))]
+    assert tokens >= 400 and alerts_out >= len(expected), (tokens, alerts_out)
 
 
 @pytest.mark.reliability
