@@ -13,9 +13,13 @@ are scored on that file never see how the labels were made. The rules, and why:
   characters (a byte-level model sampled bytes that are not UTF-8). A Latin word is *known* when
   it occurs in the English side of the training text, a CJK pair when it occurs in the Chinese
   side; a replacement character is never known. Gibberish when there are at least
-  ``GIBBERISH_MIN_UNITS`` units and the unknown share is at least ``GIBBERISH_MIN_NONWORD_RATIO``.
-  Normal text from a small model misspells now and then (unknown share ~0-0.2), sampling at high
-  temperature strings together sub-word pieces from both scripts (unknown share ~0.5-1).
+  ``GIBBERISH_MIN_UNITS`` units and either the unknown share is at least
+  ``GIBBERISH_MIN_NONWORD_RATIO``, or the scripts are mashed together: a Latin letter touches a
+  CJK character at least ``GIBBERISH_MIN_SCRIPT_SWITCHES`` times and at least
+  ``GIBBERISH_MIN_SWITCHES_PER_100_CHARS`` times per 100 visible characters (the human-written
+  Chinese side of the training text does it 0.02 times per 100: translators put spaces around
+  English words). Sampling at high temperature strings together sub-word pieces of both
+  languages: many of its "words" are real pieces (``the``, ``file``), but glued across scripts.
 
 The thresholds were set by reading decoded texts, before any detector was run on the traces.
 """
@@ -31,10 +35,15 @@ LOOP_MIN_REPEATS = 3
 LOOP_MAX_PERIOD = 120
 GIBBERISH_MIN_UNITS = 8
 GIBBERISH_MIN_NONWORD_RATIO = 0.4
+GIBBERISH_MIN_SCRIPT_SWITCHES = 3
+GIBBERISH_MIN_SWITCHES_PER_100_CHARS = 1.0
 
 _LATIN_WORD = re.compile(r"[A-Za-z]{2,}")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _REPLACEMENT = "\ufffd"
+# A Latin letter written against a CJK character: 0.02 per 100 characters in the Chinese side of
+# the training text (translators put spaces around English words), several per 100 in word salad.
+_SCRIPT_SWITCH = re.compile(r"(?=[A-Za-z][\u4e00-\u9fff]|[\u4e00-\u9fff][A-Za-z])")
 
 
 def _is_cjk(char: str) -> bool:
@@ -118,18 +127,28 @@ def nonword_ratio(text: str, lexicon: Lexicon) -> float:
     return unknown / total if total else 0.0
 
 
+def script_switches(text: str) -> int:
+    """How often a Latin letter and a CJK character touch (no space between the scripts)."""
+    return len(_SCRIPT_SWITCH.findall(text))
+
+
 def label(text: str, lexicon: Lexicon) -> dict:
     """``{"loop": bool, "gibberish": bool}`` plus the evidence, from the decoded text only."""
     evidence = loop_evidence(text)
     unknown, total = nonword_units(text, lexicon)
     ratio = unknown / total if total else 0.0
+    switches = script_switches(text)
+    visible = len("".join(text.split()))
+    switch_rate = 100 * switches / visible if visible else 0.0
+    mixed = switches >= GIBBERISH_MIN_SCRIPT_SWITCHES and switch_rate >= GIBBERISH_MIN_SWITCHES_PER_100_CHARS
     return {
         "loop": evidence is not None,
-        "gibberish": total >= GIBBERISH_MIN_UNITS and ratio >= GIBBERISH_MIN_NONWORD_RATIO,
+        "gibberish": total >= GIBBERISH_MIN_UNITS and (ratio >= GIBBERISH_MIN_NONWORD_RATIO or mixed),
         "evidence": {
             "loop_period_chars": evidence.period if evidence else None,
             "loop_chars": evidence.length if evidence else 0,
             "nonword_ratio": round(ratio, 3),
             "units": total,
+            "script_switches_per_100_chars": round(switch_rate, 2),
         },
     }
