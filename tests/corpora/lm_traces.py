@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.corpora.text_labels import Lexicon, label
-from tests.corpora.tiny_lm import TinyLMConfig, corpus_documents, tiny_lm, training_report
+from tests.corpora.tiny_lm import (
+    TinyLMConfig,
+    corpus_documents,
+    tiny_lm,
+    training_report,
+)
 
 OUTPUT = Path(__file__).resolve().parents[1] / "data" / "entropy" / "lm_traces.jsonl"
 MODEL_NAME = "tiny-lm-zh-en"
@@ -77,22 +82,44 @@ def corpus_prompts(count_per_lang: int, seed: int = SEED) -> list[tuple[str, str
     documents = corpus_documents()
     prompts: list[tuple[str, str]] = []
     for lang in ("en", "zh"):
-        pool = [d.text for d in documents if d.lang == lang and len(d.text) >= 24 and d.text[0].isalpha()]
+        pool = [
+            d.text
+            for d in documents
+            if d.lang == lang and len(d.text) >= 24 and d.text[0].isalpha()
+        ]
         for text in rng.sample(pool, count_per_lang):
             first_line = text.splitlines()[0]
-            prompt = " ".join(first_line.split()[: rng.randint(2, 5)]) if lang == "en" else first_line[: rng.randint(3, 8)]
+            prompt = (
+                " ".join(first_line.split()[: rng.randint(2, 5)])
+                if lang == "en"
+                else first_line[: rng.randint(3, 8)]
+            )
             prompts.append((lang, prompt))
     return prompts
 
 
-def plan_requests(count_per_lang: int = 30, regimes: tuple[Regime, ...] = REGIMES, seed: int = SEED) -> list[Request]:
+def plan_requests(
+    count_per_lang: int = 30, regimes: tuple[Regime, ...] = REGIMES, seed: int = SEED
+) -> list[Request]:
     """Every prompt in every regime, with a random length, shuffled (one model's mixed traffic)."""
     rng = random.Random(seed)
     prompts = corpus_prompts(count_per_lang, seed)
-    prompts += [("zh" if any("\u4e00" <= c <= "\u9fff" for c in p) else "en", p) for p in HANDWRITTEN_PROMPTS]
+    prompts += [
+        ("zh" if any("\u4e00" <= c <= "\u9fff" for c in p) else "en", p)
+        for p in HANDWRITTEN_PROMPTS
+    ]
     requests = [
-        Request(f"lm-{i:04d}", prompt, lang, regime, rng.randint(48, 160), rng.randrange(2**31))
-        for i, ((lang, prompt), regime) in enumerate((p, r) for p in prompts for r in regimes)
+        Request(
+            f"lm-{i:04d}",
+            prompt,
+            lang,
+            regime,
+            rng.randint(48, 160),
+            rng.randrange(2**31),
+        )
+        for i, ((lang, prompt), regime) in enumerate(
+            (p, r) for p in prompts for r in regimes
+        )
     ]
     rng.shuffle(requests)
     return requests
@@ -107,7 +134,9 @@ def _read_tap_records(folder: Path) -> list:
     return records
 
 
-def tap_entropies(folder: Path, expected: set[str], timeout_s: float = 60.0) -> dict[str, list[float]]:
+def tap_entropies(
+    folder: Path, expected: set[str], timeout_s: float = 60.0
+) -> dict[str, list[float]]:
     """Per request id, the tap's entropies (chunks joined in order) once its final chunk arrived."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -118,12 +147,18 @@ def tap_entropies(folder: Path, expected: set[str], timeout_s: float = 60.0) -> 
         time.sleep(0.2)
     missing = expected - finished
     if missing:
-        raise RuntimeError(f"the entropy tap shipped no final record for {len(missing)} requests, e.g. {sorted(missing)[:3]}")
+        raise RuntimeError(
+            f"the entropy tap shipped no final record for {len(missing)} requests, e.g. {sorted(missing)[:3]}"
+        )
     chunks: dict[str, list] = {}
     for record in records:
         chunks.setdefault(record.request_id, []).append(record)
     return {
-        request_id: [float(v) for r in sorted(parts, key=lambda r: r.first_token_index) for v in r.values()]
+        request_id: [
+            float(v)
+            for r in sorted(parts, key=lambda r: r.first_token_index)
+            for v in r.values()
+        ]
         for request_id, parts in chunks.items()
         if request_id in expected
     }
@@ -151,7 +186,7 @@ def start_engine(model_folder: Path):
         dtype="float32",
         enforce_eager=True,
         max_model_len=256,
-        max_num_seqs=16,
+        max_num_seqs=32,
         gpu_memory_utilization=0.1,
         seed=0,
     )
@@ -199,7 +234,9 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
         token_ids = list(output.outputs[0].token_ids)
         values = entropies[request.id]
         if len(values) != len(token_ids):
-            raise RuntimeError(f"{request.id}: the tap shipped {len(values)} entropies for {len(token_ids)} tokens")
+            raise RuntimeError(
+                f"{request.id}: the tap shipped {len(values)} entropies for {len(token_ids)} tokens"
+            )
         traces.append(
             {
                 "id": request.id,
@@ -217,7 +254,8 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
 def lexicon() -> Lexicon:
     documents = corpus_documents()
     return Lexicon.from_texts(
-        (d.text for d in documents if d.lang == "en"), (d.text for d in documents if d.lang == "zh")
+        (d.text for d in documents if d.lang == "en"),
+        (d.text for d in documents if d.lang == "zh"),
     )
 
 
@@ -244,7 +282,9 @@ def to_line(trace: dict, lex: Lexicon, model_folder: Path) -> dict:
     }
 
 
-def main(output: Path = OUTPUT, count_per_lang: int = 30, model_folder: Path | None = None) -> None:
+def main(
+    output: Path = OUTPUT, count_per_lang: int = 30, model_folder: Path | None = None
+) -> None:
     import tempfile
 
     model_folder = model_folder or tiny_lm(TinyLMConfig())
@@ -252,17 +292,28 @@ def main(output: Path = OUTPUT, count_per_lang: int = 30, model_folder: Path | N
     with tempfile.TemporaryDirectory(prefix="entroloop-lm-traces-") as tmp:
         sink = Path(tmp) / "sink"
         os.environ.update(tap_environment(sink))
-        print(f"[lm-traces] serving {model_folder.name} with vLLM + tap; {len(requests)} requests", file=sys.stderr)
+        print(
+            f"[lm-traces] serving {model_folder.name} with vLLM + tap; {len(requests)} requests",
+            file=sys.stderr,
+        )
         started = time.monotonic()
         llm = start_engine(model_folder)
         try:
             traces = generate(llm, requests, sink)
         finally:
             stop_engine(llm)
-        print(f"[lm-traces] generated in {time.monotonic() - started:.0f}s", file=sys.stderr)
+        print(
+            f"[lm-traces] generated in {time.monotonic() - started:.0f}s",
+            file=sys.stderr,
+        )
     lex = lexicon()
     lines = [to_line(t, lex, model_folder) for t in traces]
-    output.write_text("".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines))
+    output.write_text(
+        "".join(
+            json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+            for line in lines
+        )
+    )
     loops = sum(line["label"]["loop"] for line in lines)
     gibberish = sum(line["label"]["gibberish"] for line in lines)
     report = training_report(model_folder)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 
 LOOP_MIN_CHARS = 40
 LOOP_MIN_REPEATS = 3
@@ -51,7 +52,7 @@ def _is_cjk(char: str) -> bool:
 
 
 def _cjk_pairs(text: str) -> Iterable[str]:
-    for a, b in zip(text, text[1:]):
+    for a, b in pairwise(text):
         if _is_cjk(a) and _is_cjk(b):
             yield a + b
 
@@ -104,7 +105,9 @@ def loop_evidence(text: str) -> LoopEvidence | None:
     return best
 
 
-def _better(best: LoopEvidence | None, period: int, start: int, run: int) -> LoopEvidence | None:
+def _better(
+    best: LoopEvidence | None, period: int, start: int, run: int
+) -> LoopEvidence | None:
     length = run + period
     if length < max(LOOP_MIN_CHARS, LOOP_MIN_REPEATS * period):
         return best
@@ -118,7 +121,9 @@ def nonword_units(text: str, lexicon: Lexicon) -> tuple[int, int]:
     words = [w.lower() for w in _LATIN_WORD.findall(text)]
     pairs = list(_cjk_pairs(text))
     replacements = text.count(_REPLACEMENT)
-    unknown = sum(w not in lexicon.words for w in words) + sum(p not in lexicon.cjk_pairs for p in pairs)
+    unknown = sum(w not in lexicon.words for w in words) + sum(
+        p not in lexicon.cjk_pairs for p in pairs
+    )
     return unknown + replacements, len(words) + len(pairs) + replacements
 
 
@@ -140,10 +145,14 @@ def label(text: str, lexicon: Lexicon) -> dict:
     switches = script_switches(text)
     visible = len("".join(text.split()))
     switch_rate = 100 * switches / visible if visible else 0.0
-    mixed = switches >= GIBBERISH_MIN_SCRIPT_SWITCHES and switch_rate >= GIBBERISH_MIN_SWITCHES_PER_100_CHARS
+    mixed = (
+        switches >= GIBBERISH_MIN_SCRIPT_SWITCHES
+        and switch_rate >= GIBBERISH_MIN_SWITCHES_PER_100_CHARS
+    )
     return {
         "loop": evidence is not None,
-        "gibberish": total >= GIBBERISH_MIN_UNITS and (ratio >= GIBBERISH_MIN_NONWORD_RATIO or mixed),
+        "gibberish": total >= GIBBERISH_MIN_UNITS
+        and (ratio >= GIBBERISH_MIN_NONWORD_RATIO or mixed),
         "evidence": {
             "loop_period_chars": evidence.period if evidence else None,
             "loop_chars": evidence.length if evidence else 0,

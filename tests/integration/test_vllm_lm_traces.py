@@ -6,9 +6,11 @@ under ~/.cache/entroloop; this test regenerates a few of the requests behind
 
 * the tap ships one entropy per generated token, and each equals a float64 transformers forward
   pass over the prompt and the token ids vLLM returned (so entropies and ids belong together);
-* greedy decoding falls into loops that the text labeller sees (a phrase repeated verbatim), and
-  the model is confident there (low entropy over the repeated stretch);
-* sampling at high temperature gives text the labeller calls gibberish, at high entropy;
+* greedy decoding falls into loops that the text labeller sees (a phrase repeated verbatim), the
+  token ids end periodically and the entropies repeat with the same period — but they are not
+  low: this model's loops run through message boundaries where it is unsure (~3.5 nats mean);
+* sampling at high temperature gives text the labeller calls gibberish, at higher entropy than
+  greedy text;
 * with the same cached model, the regenerated requests reproduce the checked-in lines.
 """
 
@@ -61,48 +63,102 @@ def regenerated(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def by_regime(regenerated: dict, regime: str) -> list[tuple[dict, dict]]:
-    return [(t, l) for t, l in zip(regenerated["traces"], regenerated["lines"]) if t["request"].regime.name == regime]
+    return [
+        (t, l)
+        for t, l in zip(regenerated["traces"], regenerated["lines"])
+        if t["request"].regime.name == regime
+    ]
 
 
-def test_tap_entropies_belong_to_the_returned_token_ids(model_folder: Path, regenerated: dict) -> None:
+def test_tap_entropies_belong_to_the_returned_token_ids(
+    model_folder: Path, regenerated: dict
+) -> None:
     from tests.integration.vllm_tiny_model import reference_entropies
 
     worst = 0.0
     for trace in regenerated["traces"]:
-        assert len(trace["entropy"]) == len(trace["token_ids"]) == trace["request"].max_tokens
-        expected = np.array(reference_entropies(model_folder, trace["prompt_token_ids"], trace["token_ids"]))
+        assert (
+            len(trace["entropy"])
+            == len(trace["token_ids"])
+            == trace["request"].max_tokens
+        )
+        expected = np.array(
+            reference_entropies(
+                model_folder, trace["prompt_token_ids"], trace["token_ids"]
+            )
+        )
         error = np.abs(np.array(trace["entropy"]) - expected)
         worst = max(worst, float(error.max()))
-        assert error.max() <= TOLERANCE, (trace["id"], int(error.argmax()), trace["entropy"][:8], expected[:8])
+        assert error.max() <= TOLERANCE, (
+            trace["id"],
+            int(error.argmax()),
+            trace["entropy"][:8],
+            expected[:8],
+        )
     print(f"worst |tap - reference| = {worst:.4f} nats")
 
 
-def test_greedy_decoding_loops_at_low_entropy(regenerated: dict) -> None:
+def token_period(token_ids: list[int], max_period: int = 64) -> int | None:
+    """The shortest period with which the token ids end (at least three copies), or None."""
+    for period in range(1, max_period + 1):
+        span = 3 * period
+        if (
+            span <= len(token_ids)
+            and token_ids[-span:-period] == token_ids[-span + period :]
+        ):
+            return period
+    return None
+
+
+def test_greedy_decoding_loops_and_its_entropy_repeats_with_the_loop(
+    regenerated: dict,
+) -> None:
     from tests.corpora.text_labels import loop_evidence, normalise
 
     greedy = by_regime(regenerated, "greedy")
     assert len(greedy) == PER_REGIME
-    for trace, line in greedy:
-        assert line["label"]["loop"], ("greedy text does not repeat itself", trace["text"])
+    loops = [(trace, line) for trace, line in greedy if line["label"]["loop"]]
+    # In the checked-in file 59 of 68 greedy requests loop by the text rule (the others alternate
+    # between two messages, which an exact period does not catch).
+    assert len(loops) >= PER_REGIME - 1, [t["text"][-80:] for t, _ in greedy]
+    for trace, _ in loops:
         evidence = loop_evidence(trace["text"])
         assert evidence is not None and evidence.repeats >= 3
-        # The repeated stretch is the text's tail (greedy never leaves a loop): low entropy there.
+        # Greedy never leaves a loop: the repeated stretch is the text's tail, and so are the ids.
         assert evidence.start + evidence.length >= len(normalise(trace["text"])) - 1
-        tail = np.array(trace["entropy"][-20:])
-        assert tail.mean() < 1.0, (trace["id"], tail.round(2).tolist())
+        period = token_period(trace["token_ids"])
+        assert period is not None, trace["token_ids"][-40:]
+        # Same context, same distribution: each position of the cycle keeps its entropy. The loop
+        # is NOT uniformly low-entropy with this model (it cycles through message boundaries
+        # where the next message is uncertain), so detectors must not rely on that.
+        values = np.array(trace["entropy"])
+        assert np.abs(values[-2 * period : -period] - values[-period:]).max() < 0.5, (
+            period,
+            values[-2 * period :],
+        )
 
 
-def test_high_temperature_gives_gibberish_at_high_entropy(regenerated: dict) -> None:
+def test_high_temperature_gives_gibberish_at_higher_entropy_than_greedy(
+    regenerated: dict,
+) -> None:
     hot = by_regime(regenerated, "very-hot")
-    greedy_mean = np.mean([np.mean(t["entropy"]) for t, _ in by_regime(regenerated, "greedy")])
     assert len(hot) == PER_REGIME
     for trace, line in hot:
         assert line["label"]["gibberish"], ("hot text reads as words", trace["text"])
         assert not line["label"]["loop"]
-        assert np.mean(trace["entropy"]) > 4.0 > greedy_mean, (trace["id"], np.mean(trace["entropy"]), greedy_mean)
+    # The tap measures the model's own distribution (before temperature): word salad puts the model
+    # out of its depth, so it is less sure of every next token than on its own greedy text.
+    hot_means = [np.mean(t["entropy"]) for t, _ in hot]
+    greedy_means = [np.mean(t["entropy"]) for t, _ in by_regime(regenerated, "greedy")]
+    assert np.median(hot_means) > np.median(greedy_means) + 0.2, (
+        hot_means,
+        greedy_means,
+    )
 
 
-def test_regenerated_requests_reproduce_the_checked_in_lines(model_folder: Path, regenerated: dict) -> None:
+def test_regenerated_requests_reproduce_the_checked_in_lines(
+    model_folder: Path, regenerated: dict
+) -> None:
     from tests.corpora.lm_traces import OUTPUT
 
     checked_in = {}
@@ -121,4 +177,7 @@ def test_regenerated_requests_reproduce_the_checked_in_lines(model_folder: Path,
         assert stored["generator"]["prompt"] == line["generator"]["prompt"]
         assert stored["token_ids"] == line["token_ids"], line["id"]
         assert stored["label"] == line["label"], line["id"]
-        assert np.abs(np.array(stored["entropy"]) - np.array(line["entropy"])).max() <= TOLERANCE
+        assert (
+            np.abs(np.array(stored["entropy"]) - np.array(line["entropy"])).max()
+            <= TOLERANCE
+        )

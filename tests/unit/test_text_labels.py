@@ -18,16 +18,23 @@ def test_a_phrase_repeated_verbatim_is_a_loop_with_its_period() -> None:
 
 
 def test_chinese_loop_and_whitespace_does_not_hide_it() -> None:
-    assert label("无法打开文件\n无法打开文件\n  无法打开文件 无法打开文件 无法打开文件 无法打开文件 无法打开文件", LEXICON)["loop"]
+    assert label(
+        "无法打开文件\n无法打开文件\n  无法打开文件 无法打开文件 无法打开文件 无法打开文件 无法打开文件",
+        LEXICON,
+    )["loop"]
 
 
 def test_a_phrase_said_twice_or_a_short_run_is_not_a_loop() -> None:
-    assert not label("cannot open the file, cannot open the file for reading", LEXICON)["loop"]
+    assert not label("cannot open the file, cannot open the file for reading", LEXICON)[
+        "loop"
+    ]
     assert not label("ab ab ab ab", LEXICON)["loop"]  # periodic but under 40 characters
 
 
 def test_known_words_in_either_language_are_not_gibberish() -> None:
-    verdict = label("cannot open the file for reading 无法打开文件进行读取 use git commit", LEXICON)
+    verdict = label(
+        "cannot open the file for reading 无法打开文件进行读取 use git commit", LEXICON
+    )
     assert not verdict["gibberish"] and not verdict["loop"]
 
 
