@@ -1,0 +1,328 @@
+"""Labelled entropy traces from a real (tiny) language model served by vLLM with the entroloop tap.
+
+The model is ``tests.corpora.tiny_lm`` (trained on Debian's zh_CN gettext catalogs, English and
+Chinese). It is served by the vLLM CPU engine with the entropy tap loaded from its entry point,
+exactly as on a serving node; the tap ships its records to a file sink that this module reads back.
+Entropies are the tap's (full vocabulary, float16 on the wire); token ids are vLLM's outputs.
+
+Requests: prompts in both languages (the first words of training messages, and a few written
+here), each sampled in one of several regimes — greedy (small models fall into loops), ordinary
+sampling, and high temperature (gibberish). Labels are judged from the decoded text only
+(``tests.corpora.text_labels``), never from the entropies or the regime, so the detectors scored on
+the file cannot have shaped them.
+
+``python -m tests.corpora.lm_traces`` (in .venv-ml) trains or loads the model and rewrites
+``tests/data/entropy/lm_traces.jsonl`` deterministically for a given model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.corpora.text_labels import Lexicon, label
+from tests.corpora.tiny_lm import (
+    TinyLMConfig,
+    corpus_documents,
+    tiny_lm,
+    training_report,
+)
+
+OUTPUT = Path(__file__).resolve().parents[1] / "data" / "entropy" / "lm_traces.jsonl"
+MODEL_NAME = "tiny-lm-zh-en"
+SEED = 14
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    temperature: float
+    top_p: float = 1.0
+
+
+REGIMES = (
+    Regime("greedy", 0.0),
+    Regime("sampled", 0.7, top_p=0.9),
+    Regime("sampled-t1", 1.0),
+    Regime("hot", 1.5),
+    Regime("very-hot", 2.0),
+)
+
+# Written here (not in the training text): what a user of a git/shell assistant might start with.
+HANDWRITTEN_PROMPTS = (
+    "How do I undo the last commit",
+    "The file could not be",
+    "Usage: copy the files to",
+    "error: your local changes",
+    "如何撤销上一次提交",
+    "无法打开文件",
+    "用法：将文件复制到",
+    "错误：您的本地修改",
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    prompt: str
+    lang: str
+    regime: Regime
+    max_tokens: int
+    seed: int
+
+
+def corpus_prompts(count_per_lang: int, seed: int = SEED) -> list[tuple[str, str]]:
+    """(lang, prompt): the opening words of training messages (English) or characters (Chinese)."""
+    rng = random.Random(seed)
+    documents = corpus_documents()
+    prompts: list[tuple[str, str]] = []
+    for lang in ("en", "zh"):
+        pool = [
+            d.text
+            for d in documents
+            if d.lang == lang and len(d.text) >= 24 and d.text[0].isalpha()
+        ]
+        for text in rng.sample(pool, count_per_lang):
+            first_line = text.splitlines()[0]
+            prompt = (
+                " ".join(first_line.split()[: rng.randint(2, 5)])
+                if lang == "en"
+                else first_line[: rng.randint(3, 8)]
+            )
+            prompts.append((lang, prompt))
+    return prompts
+
+
+def plan_requests(
+    count_per_lang: int = 30, regimes: tuple[Regime, ...] = REGIMES, seed: int = SEED
+) -> list[Request]:
+    """Every prompt in every regime, with a random length, shuffled (one model's mixed traffic)."""
+    rng = random.Random(seed)
+    prompts = corpus_prompts(count_per_lang, seed)
+    prompts += [
+        ("zh" if any("\u4e00" <= c <= "\u9fff" for c in p) else "en", p)
+        for p in HANDWRITTEN_PROMPTS
+    ]
+    requests = [
+        Request(
+            f"lm-{i:04d}",
+            prompt,
+            lang,
+            regime,
+            rng.randint(48, 160),
+            rng.randrange(2**31),
+        )
+        for i, ((lang, prompt), regime) in enumerate(
+            (p, r) for p in prompts for r in regimes
+        )
+    ]
+    rng.shuffle(requests)
+    return requests
+
+
+def _read_tap_records(folder: Path) -> list:
+    from collectors.vllm.emit import read_frames
+
+    records = []
+    for path in sorted(folder.glob("tokens-*.bin")):
+        records.extend(read_frames(path))
+    return records
+
+
+def tap_entropies(
+    folder: Path, expected: set[str], timeout_s: float = 60.0
+) -> dict[str, list[float]]:
+    """Per request id, the tap's entropies (chunks joined in order) once its final chunk arrived."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _read_tap_records(folder)
+        finished = {r.request_id for r in records if r.final}
+        if expected <= finished or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    missing = expected - finished
+    if missing:
+        raise RuntimeError(
+            f"the entropy tap shipped no final record for {len(missing)} requests, e.g. {sorted(missing)[:3]}"
+        )
+    chunks: dict[str, list] = {}
+    for record in records:
+        chunks.setdefault(record.request_id, []).append(record)
+    return {
+        request_id: [
+            float(v)
+            for r in sorted(parts, key=lambda r: r.first_token_index)
+            for v in r.values()
+        ]
+        for request_id, parts in chunks.items()
+        if request_id in expected
+    }
+
+
+def tap_environment(sink_folder: Path) -> dict[str, str]:
+    """What a serving node sets so that vLLM loads the tap and ships to a frame file."""
+    return {
+        "ENTROLOOP_ENTROPY_TAP_ENABLED": "true",
+        "ENTROLOOP_ENTROPY_TAP_SINK": f"file:{sink_folder}/tokens-{{pid}}.bin",
+        "ENTROLOOP_NODE_ID": "tiny-lm-traces",
+        "VLLM_USE_V2_MODEL_RUNNER": "0",  # the interface the tap's batch ledger is tested with
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+
+
+def start_engine(model_folder: Path):
+    from vllm import LLM
+
+    return LLM(
+        model=str(model_folder),
+        served_model_name=MODEL_NAME,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+        max_num_seqs=32,
+        gpu_memory_utilization=0.1,
+        seed=0,
+    )
+
+
+def stop_engine(llm) -> None:
+    """Shut the engine-core subprocess down now (an exception would otherwise leave it running)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and callable(getattr(core, "shutdown", None)):
+        core.shutdown()
+
+
+def decode(tokenizer, token_ids: list[int]) -> str:
+    """The text a reader sees; message boundaries (<s>, </s>) become line breaks."""
+    special = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}
+    pieces: list[list[int]] = [[]]
+    for token in token_ids:
+        if token in special:
+            pieces.append([])
+        else:
+            pieces[-1].append(token)
+    return "\n".join(tokenizer.decode(piece) for piece in pieces if piece)
+
+
+def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
+    """Run ``requests`` through the engine; one trace dict per request (no label yet)."""
+    from vllm import SamplingParams
+
+    params = [
+        SamplingParams(
+            temperature=r.regime.temperature,
+            top_p=r.regime.top_p,
+            max_tokens=r.max_tokens,
+            ignore_eos=True,  # a message ends early; the model then starts the next one
+            seed=r.seed,
+            extra_args={"entroloop_request_id": r.id},
+        )
+        for r in requests
+    ]
+    outputs = llm.generate([r.prompt for r in requests], params, use_tqdm=False)
+    entropies = tap_entropies(sink_folder, {r.id for r in requests})
+    tokenizer = llm.get_tokenizer()
+    traces = []
+    for request, output in zip(requests, outputs):
+        token_ids = list(output.outputs[0].token_ids)
+        values = entropies[request.id]
+        if len(values) != len(token_ids):
+            raise RuntimeError(
+                f"{request.id}: the tap shipped {len(values)} entropies for {len(token_ids)} tokens"
+            )
+        traces.append(
+            {
+                "id": request.id,
+                "model": MODEL_NAME,
+                "entropy": [round(v, 4) for v in values],
+                "token_ids": token_ids,
+                "prompt_token_ids": list(output.prompt_token_ids),
+                "text": decode(tokenizer, token_ids),
+                "request": request,
+            }
+        )
+    return traces
+
+
+def lexicon() -> Lexicon:
+    documents = corpus_documents()
+    return Lexicon.from_texts(
+        (d.text for d in documents if d.lang == "en"),
+        (d.text for d in documents if d.lang == "zh"),
+    )
+
+
+def to_line(trace: dict, lex: Lexicon, model_folder: Path) -> dict:
+    request: Request = trace["request"]
+    labelled = label(trace["text"], lex)
+    return {
+        "id": trace["id"],
+        "model": trace["model"],
+        "entropy": trace["entropy"],
+        "token_ids": trace["token_ids"],
+        "label": {"loop": labelled["loop"], "gibberish": labelled["gibberish"]},
+        "generator": {
+            "source": "tests/corpora/lm_traces.py",
+            "model_folder": model_folder.name,
+            "lang": request.lang,
+            "regime": request.regime.name,
+            "temperature": request.regime.temperature,
+            "top_p": request.regime.top_p,
+            "prompt": request.prompt,
+            "text": trace["text"],
+            "label_evidence": labelled["evidence"],
+        },
+    }
+
+
+def main(
+    output: Path = OUTPUT, count_per_lang: int = 30, model_folder: Path | None = None
+) -> None:
+    import tempfile
+
+    model_folder = model_folder or tiny_lm(TinyLMConfig())
+    requests = plan_requests(count_per_lang)
+    with tempfile.TemporaryDirectory(prefix="entroloop-lm-traces-") as tmp:
+        sink = Path(tmp) / "sink"
+        os.environ.update(tap_environment(sink))
+        print(
+            f"[lm-traces] serving {model_folder.name} with vLLM + tap; {len(requests)} requests",
+            file=sys.stderr,
+        )
+        started = time.monotonic()
+        llm = start_engine(model_folder)
+        try:
+            traces = generate(llm, requests, sink)
+        finally:
+            stop_engine(llm)
+        print(
+            f"[lm-traces] generated in {time.monotonic() - started:.0f}s",
+            file=sys.stderr,
+        )
+    lex = lexicon()
+    lines = [to_line(t, lex, model_folder) for t in traces]
+    output.write_text(
+        "".join(
+            json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+            for line in lines
+        )
+    )
+    loops = sum(line["label"]["loop"] for line in lines)
+    gibberish = sum(line["label"]["gibberish"] for line in lines)
+    report = training_report(model_folder)
+    print(
+        f"[lm-traces] wrote {len(lines)} traces to {output}: {loops} loop, {gibberish} gibberish "
+        f"(model {report['parameters'] / 1e6:.2f} M parameters, final loss {report['final_loss_nats']} nats)",
+        file=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    main()
