@@ -1,10 +1,13 @@
 """Bounded batching in front of a sink: few, large, idempotent inserts and explicit backpressure.
 
 A Kafka sink consumer hands every polled message range to ``SinkBatcher.add`` and calls
-``SinkBatcher.flush_due`` from its poll loop. A topic's buffered rows become one insert when they
-reach ``max_rows`` or when the oldest has waited ``max_seconds`` (about one insert per second per
-table under load: the figure ClickHouse is built for, instead of many small parts). The offsets a
-flush returns are the ones the consumer may commit, and only those: they are durable.
+``SinkBatcher.flush_due`` from its poll loop. One batcher serves every partition the consumer owns:
+a topic's buffered rows, from all its partitions, become one insert when they reach ``max_rows``
+or when the oldest has waited ``max_seconds`` (about one insert per second per table under load:
+the figure ClickHouse is built for, instead of many small parts). The wait is counted from when
+the oldest row was appended to Kafka (``add(..., appended_at=...)``, the broker timestamp), not
+from when the sink took it, so time spent in Kafka counts against the bound. The offsets a flush
+returns are the ones the consumer may commit, and only those: they are durable.
 
 Memory is bounded by ``max_buffered_rows``. Past it, ``add`` refuses the records with
 ``SinkBackpressure`` *before* taking them; the consumer pauses its partitions, keeps polling (so
@@ -100,8 +103,19 @@ class SinkBatcher:
     def has_room(self, rows: int = 1) -> bool:
         return self.buffered_rows + rows <= self.max_buffered_rows
 
-    def add(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Any]) -> None:
+    def partition_rows(self, topic: str, partition: int) -> int:
+        """Rows of one partition buffered and not yet written."""
+        buf = self._topics.get(topic)
+        part = buf.partitions.get(partition) if buf else None
+        return len(part.records) if part else 0
+
+    def add(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Any],
+            appended_at: float | None = None) -> None:
         """Buffer ``records`` read at offsets ``first_offset..last_offset`` of ``topic``/``partition``.
+
+        ``appended_at`` (wall-clock seconds, e.g. the oldest record's broker timestamp) starts the
+        batch's clock when the records entered Kafka; without it the clock starts now. A timestamp
+        in the future (a broker clock ahead of this host) counts as now.
 
         Raises ``SinkBackpressure`` (taking nothing) when they do not fit; offsets must continue
         where the partition's buffered range ends (a consumer re-seeks after a rebalance, which
@@ -117,10 +131,17 @@ class SinkBatcher:
             part.first = first_offset
         part.last = last_offset
         part.records.extend(records)
-        if buf.rows == 0:
-            buf.oldest = self.clock()
+        now = self.clock()
+        started = now if appended_at is None else now - max(0.0, time.time() - appended_at)
+        buf.oldest = started if buf.rows == 0 else min(buf.oldest, started)
         buf.rows += len(records)
         self.buffered_rows += len(records)
+
+    def next_due_in(self) -> float:
+        """Seconds until the next topic is due by time (``inf`` with nothing buffered)."""
+        now = self.clock()
+        waits = [max(buf.oldest + self.max_seconds, buf.retry_at) - now for buf in self._topics.values() if buf.rows]
+        return min(waits, default=float("inf"))
 
     def drop_partition(self, topic: str, partition: int) -> int:
         """Forget a revoked partition's unwritten rows (the new owner re-reads them); count dropped."""
