@@ -38,7 +38,7 @@ travels with the partition's offset.
 
 **Backpressure.** A batcher that is full raises ``SinkBackpressure`` before taking anything; the
 consumer pauses that partition, seeks it back to the first offset it did not take and keeps polling
-(so the group does not rebalance) and flushing; it resumes the partition when its batcher has
+(so the group does not rebalance) and flushing; it resumes the partition when the batcher has
 room for a full batch again. A failing target (ClickHouse down) is retried by the batcher with
 backoff, so an outage becomes pause, not unbounded memory.
 
