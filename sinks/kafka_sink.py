@@ -391,7 +391,7 @@ class KafkaSinkConsumer:
             self._states[(tp.topic, tp.partition)] = _Partition(tp.topic, tp.topic[len(self.prefix):], tp.partition)
         try:
             committed = consumer.committed(partitions, timeout=30)
-        except Exception as exc:  # noqa: BLE001 - without the journal a replay could duplicate: refuse
+        except Exception as exc:
             raise RuntimeError(f"cannot read committed offsets of {len(partitions)} partitions: {exc}") from exc
         for tp in committed:
             state = self._states[(tp.topic, tp.partition)]
@@ -807,9 +807,8 @@ def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkCon
     """Every topic of the registry into its ClickHouse table (migrations applied first)."""
     from entroloop.contract.topics import TOPICS
     from entroloop.infra.clickhouse.client import connect
-    from sinks.clickhouse.writer import ClickHouseSink
-
     from entroloop.infra.quarantine import quarantine_from_settings
+    from sinks.clickhouse.writer import ClickHouseSink
 
     client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
     # dead letters' raw bytes go to the write-once quarantine beside the audit log, never to the table
@@ -837,9 +836,9 @@ SINK_FACTORIES: dict[str, Callable[..., KafkaSinkConsumer]] = {
 }
 
 __all__ = [
+    "SINK_FACTORIES",
     "BrokerUnreachable",
     "KafkaSinkConsumer",
-    "SINK_FACTORIES",
     "SinkStats",
     "audit_sink_consumer",
     "clickhouse_sink_consumer",

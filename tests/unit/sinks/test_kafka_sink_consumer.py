@@ -8,10 +8,9 @@ tests/integration/test_kafka_sinks.py; here each rule is pinned down in isolatio
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import time
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
