@@ -206,6 +206,9 @@ class SinkStats:
     rebalances: int = 0
     dropped_on_revoke: int = 0
     writes_by_topic: dict[str, int] = field(default_factory=dict)
+    journals: int = 0
+    # wall-clock seconds spent in the journal commits, the target's writes and the offset commits
+    stage_seconds: dict[str, float] = field(default_factory=lambda: {"journal": 0.0, "write": 0.0, "commit": 0.0})
     started: float = field(default_factory=time.monotonic)
     first_message: float | None = None
 
@@ -218,6 +221,7 @@ class SinkStats:
         out["active_s"] = round(active, 3)
         out["rows_per_s"] = round(self.rows_written / active, 1) if self.first_message else 0.0
         out["writes_by_topic"] = dict(self.writes_by_topic)
+        out["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}
         return out
 
 
@@ -641,7 +645,9 @@ class KafkaSinkConsumer:
         if not members:
             self._written.add((topic, batch))
             return 0
+        started = time.perf_counter()
         refused = self._target_write(topic, members)
+        self.stats.stage_seconds["write"] += time.perf_counter() - started
         rows = sum(len(p) for _, p in members) - refused
         self.stats.writes += 1
         self.stats.writes_by_topic[topic] = self.stats.writes_by_topic.get(topic, 0) + 1
@@ -709,7 +715,10 @@ class KafkaSinkConsumer:
             if len(metadata) > JOURNAL_MAX_CHARS:
                 raise JournalMismatch(f"{kafka_topic}[{partition}]: too many uncommitted ranges ({len(chain)})")
             offsets.append(TopicPartition(kafka_topic, partition, chain[0].first, metadata))
+        started = time.perf_counter()
         self.consumer.commit(offsets=offsets, asynchronous=False)  # raises: the batcher retries the write
+        self.stats.stage_seconds["journal"] += time.perf_counter() - started
+        self.stats.journals += 1
         for partition, chain in chains.items():
             self._states[(kafka_topic, partition)].pending = chain
 
@@ -737,6 +746,7 @@ class KafkaSinkConsumer:
             updates.append((state, next_offset, remaining))
         if not offsets:
             return
+        started = time.perf_counter()
         try:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
@@ -744,6 +754,8 @@ class KafkaSinkConsumer:
             self.stats.commit_failures += 1
             log.warning("commit of %d partition(s) failed: %s", len(offsets), exc)
             return
+        finally:
+            self.stats.stage_seconds["commit"] += time.perf_counter() - started
         for state, next_offset, remaining in updates:
             state.pending = remaining
             state.committed = next_offset

@@ -57,6 +57,12 @@ ALERT_RATE = 2000
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECTION = "lag"
 Progress = Callable[[str], None]
+STAGES = {  # the sink's own per-stage counters, as figures
+    "sink_journal_ms": ("sink: journal commit per flush", "ms"),
+    "sink_write_ms": ("sink: insert per table batch", "ms"),
+    "sink_commit_ms": ("sink: offset commit per flush", "ms"),
+    "sink_flush_share": ("sink: share of time in flushes", "×"),
+}
 
 _LAG_QUERY = r"""
 import json, sys
@@ -215,6 +221,7 @@ def measure_queryable(bootstrap: str, sample: list[list[Any]], rate: float, seco
         lag = json.loads(done.stdout.strip().splitlines()[-1])
     busiest = max(lag["inserts"].values(), default=0)
     return {
+        **_sink_stages(sink_stats),
         **published,
         "events_stored": lag["events"],
         "lost": published["events_sent"] - lag["events"],
@@ -223,6 +230,21 @@ def measure_queryable(bootstrap: str, sample: list[list[Any]], rate: float, seco
         "inserts_per_table_s": busiest / published["publish_s"],
         "inserts_by_table": lag["inserts"],
         "sink_writes": sink_stats.get("writes", 0),
+    }
+
+
+def _sink_stages(stats: dict[str, Any]) -> dict[str, float]:
+    """Where the sink's flushes spend their time (a sink without these counters gives none)."""
+    stages = stats.get("stage_seconds")
+    if not stages:
+        return {}
+    per = lambda seconds, n: 1000 * seconds / n if n else float("nan")
+    return {
+        "sink_journal_ms": per(stages["journal"], stats.get("journals", 0)),
+        "sink_write_ms": per(stages["write"], stats.get("writes", 0)),
+        "sink_commit_ms": per(stages["commit"], stats.get("commits", 0)),
+        # share of the sink's active time spent blocked in a flush (not polling)
+        "sink_flush_share": sum(stages.values()) / stats["active_s"] if stats.get("active_s") else float("nan"),
     }
 
 
@@ -367,7 +389,8 @@ def run(bootstrap: str, rates: tuple[float, ...] = (2000, 5000), seconds: float 
             after = measure_queryable(bootstrap, sample, rate, seconds, partitions, batch_seconds, progress=tell)
             result["details"][f"queryable_{rate:g}"] = after
             out.update({k: float(after[k]) for k in ("p50_s", "p95_s", "p99_s", "max_s", "lost",
-                                                       "achieved_requests_per_s", "events_per_s", "inserts_per_table_s")})
+                                                       "achieved_requests_per_s", "events_per_s", "inserts_per_table_s",
+                                                       *STAGES) if k in after})
             return out
 
         result["queryable"][rate] = repeat_many(once, runs)
@@ -430,6 +453,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             Figure.repeated(SECTION, f"events lost {at}", f["lost"], "events", target="0",
                             met=f["lost"].high == 0),
         ]
+        out += [Figure.repeated(SECTION, f"{name} {at}", f[key], unit) for key, (name, unit) in STAGES.items() if key in f]
         if "before_p99_s" in f:
             before = f"sink at {result['baseline']} (one batch per partition), same runs"
             out += [
