@@ -53,6 +53,9 @@ class Slice:
 
 
 class BatchTarget(Protocol):
+    """``write`` (one partition's slice), or ``write_slices(topic, slices)`` (a topic's whole cut);
+    optionally ``prepare(cuts)``, called once with every due topic's cut before any is written."""
+
     def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Any]) -> int: ...
 
 
@@ -158,12 +161,31 @@ class SinkBatcher:
         """Write every topic whose batch is due; return ``(topic, partition, next_offset)`` to commit."""
         now = self.clock()
         committed: list[tuple[str, int, int]] = []
-        for topic, buf in self._topics.items():
-            if not buf.rows or (now < buf.retry_at and not force):
-                continue
-            if force or buf.rows >= self.max_rows or now - buf.oldest >= self.max_seconds:
-                committed.extend(self._flush_topic(topic, buf, now))
+        due = {topic: buf for topic, buf in self._topics.items()
+               if buf.rows and (force or now >= buf.retry_at)
+               and (force or buf.rows >= self.max_rows or now - buf.oldest >= self.max_seconds)}
+        if not due:
+            return committed
+        cuts = {topic: self._cut(topic, buf) for topic, buf in due.items()}
+        prepare = getattr(self.target, "prepare", None)
+        if prepare is not None:
+            # one step ahead of all the writes of this flush (the Kafka sink journals them in one commit)
+            try:
+                prepare(cuts)
+            except Exception as exc:  # noqa: BLE001 - like a failed write of every due topic
+                for buf in due.values():
+                    self._failed(buf, exc, now)
+                return committed
+        for topic, buf in due.items():
+            committed.extend(self._flush_topic(topic, buf, now, cuts[topic]))
         return committed
+
+    def _failed(self, buf: _TopicBuffer, exc: Exception, now: float) -> None:
+        """The rows stay buffered; the retry waits longer each time."""
+        buf.failures += 1
+        self.write_errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        buf.retry_at = now + min(self.max_backoff_s, 0.1 * 2 ** min(buf.failures, 16))
 
     def flush_all(self) -> list[tuple[str, int, int]]:
         """Write everything buffered (shutdown, partition revocation); may leave rows on failure."""
@@ -193,8 +215,7 @@ class SinkBatcher:
             budget -= take
         return slices
 
-    def _flush_topic(self, topic: str, buf: _TopicBuffer, now: float) -> list[tuple[str, int, int]]:
-        slices = self._cut(topic, buf)
+    def _flush_topic(self, topic: str, buf: _TopicBuffer, now: float, slices: list[Slice]) -> list[tuple[str, int, int]]:
         try:
             write_slices = getattr(self.target, "write_slices", None)
             if write_slices is not None:
@@ -202,11 +223,8 @@ class SinkBatcher:
             else:
                 for s in slices:
                     self.target.write(topic, s.partition, s.first, s.last, s.records)
-        except Exception as exc:  # the rows stay buffered; the retry waits longer each time
-            buf.failures += 1
-            self.write_errors += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            buf.retry_at = now + min(self.max_backoff_s, 0.1 * 2 ** min(buf.failures, 16))
+        except Exception as exc:  # noqa: BLE001 - any failure: keep the rows, retry later
+            self._failed(buf, exc, now)
             return []
         buf.failures = 0
         buf.retry_at = 0.0

@@ -240,10 +240,14 @@ class _Partition:
 
 
 class _BatchWriter:
-    """The batcher's target: journals a topic's cut for all its partitions at once, then writes it."""
+    """The batcher's target: journals the cuts of every due topic for all their partitions at once,
+    then writes each."""
 
     def __init__(self, sink: KafkaSinkConsumer) -> None:
         self.sink = sink
+
+    def prepare(self, cuts: dict[str, Sequence[Slice]]) -> None:
+        self.sink._prepare(cuts)
 
     def write_slices(self, topic: str, slices: Sequence[Slice]) -> int:
         return self.sink._write_slices(topic, slices)
@@ -309,6 +313,7 @@ class KafkaSinkConsumer:
         self._multi_partition = hasattr(target, "write_slices")
         self._written: set[tuple[str, Batch]] = set()  # batches written by this process, not yet committed
         self._from_journal: set[tuple[str, Batch]] = set()  # batches a crashed owner left pending
+        self._planned: dict[str, tuple[Sequence[Slice], Any]] = {}  # cuts journaled by _prepare, to write
         self._dead_letters_unflushed = 0
         self._dead_letter_errors: list[str] = []
         self._stop = threading.Event()
@@ -563,24 +568,21 @@ class KafkaSinkConsumer:
         if self._batcher.buffered_rows:
             self._commit(self._batcher.flush_all() if force else self._batcher.flush_due())
 
-    def _write_slices(self, topic: str, slices: Sequence[Slice]) -> int:
-        """Write one cut of ``topic`` (one slice per partition): first every pending batch of these
-        partitions not yet written by this process, exactly as journaled (a crash or a failed write
-        left it; same members, same token), then the rest of the cut as new batches, journaled for
-        all their partitions in one commit before they are written."""
-        kafka_topic = self.prefix + topic
-        by_partition = {s.partition: s for s in slices}
-        states = {s.partition: self._states[(kafka_topic, s.partition)] for s in slices}
-        written = 0
-        for batch in dict.fromkeys(p.batch for st in states.values() for p in st.pending):
-            if (topic, batch) not in self._written:
-                members = [(m, self._member_pairs(kafka_topic, m, by_partition.get(m[0]))) for m in batch]
-                written += self._write_batch(topic, batch, members, replay=(topic, batch) in self._from_journal)
+    def _prepare(self, cuts: dict[str, Sequence[Slice]]) -> None:
+        """Plan every due topic's cut and journal all their new batches in one commit (one round
+        trip per flush, not one per table); ``_write_slices`` then writes each cut as planned."""
+        plans = {topic: self._plan(topic, slices) for topic, slices in cuts.items()}
+        self._journal({topic: [batch for batch, _ in plan] for topic, plan in plans.items()})
+        self._planned = {topic: (cuts[topic], plan) for topic, plan in plans.items()}
 
-        # the rest of each slice: after its partition's pending chain (now all written)
+    def _plan(self, topic: str, slices: Sequence[Slice]) -> list[tuple[Batch, list[tuple[Member, list[tuple[int, Event]]]]]]:
+        """The new batches of a cut: each slice after its partition's pending chain (the chain is
+        rewritten first by ``_write_slices``), at most ``MAX_BATCH_PARTITIONS`` partitions a batch
+        (one where the target takes one partition per write)."""
+        kafka_topic = self.prefix + topic
         new: list[tuple[Member, list[tuple[int, Event]]]] = []
-        for partition, s in by_partition.items():
-            state = states[partition]
+        for s in slices:
+            state = self._states[(kafka_topic, s.partition)]
             chain_end = state.pending[-1].last + 1 if state.pending else state.committed
             cursor = max(s.first, state.pending[-1].last + 1) if state.pending else s.first
             if cursor > s.last:
@@ -591,14 +593,32 @@ class KafkaSinkConsumer:
             # the journal is a chain from the committed offset: a range starts where the chain ends
             # (offsets skipped before it held only poison, already dead-lettered)
             start = cursor if chain_end is None else min(cursor, chain_end)
-            new.append(((partition, start, s.last), pairs))
-        if not new:
-            return written
+            new.append(((s.partition, start, s.last), pairs))
         step = MAX_BATCH_PARTITIONS if self._multi_partition else 1
-        batches = [new[i:i + step] for i in range(0, len(new), step)]
-        self._journal(topic, [tuple(m for m, _ in b) for b in batches])
-        for members in batches:
-            written += self._write_batch(topic, tuple(m for m, _ in members), members, replay=False)
+        groups = [new[i:i + step] for i in range(0, len(new), step)]
+        return [(tuple(m for m, _ in g), g) for g in groups]
+
+    def _write_slices(self, topic: str, slices: Sequence[Slice]) -> int:
+        """Write one cut of ``topic`` (one slice per partition): first every pending batch of these
+        partitions not yet written by this process, exactly as journaled (a crash or a failed write
+        left it; same members, same token), then the rest of the cut as new batches, journaled for
+        all their partitions (by ``_prepare`` with the other due topics, or here) before they are
+        written."""
+        kafka_topic = self.prefix + topic
+        by_partition = {s.partition: s for s in slices}
+        planned_slices, plan = self._planned.pop(topic, (None, None))
+        if planned_slices is not slices or plan is None:
+            plan = self._plan(topic, slices)
+            self._journal({topic: [batch for batch, _ in plan]})
+        new = {batch for batch, _ in plan}
+        written = 0
+        states = [self._states[(kafka_topic, s.partition)] for s in slices]
+        for batch in dict.fromkeys(p.batch for st in states for p in st.pending):
+            if (topic, batch) not in self._written and batch not in new:
+                members = [(m, self._member_pairs(kafka_topic, m, by_partition.get(m[0]))) for m in batch]
+                written += self._write_batch(topic, batch, members, replay=(topic, batch) in self._from_journal)
+        for batch, members in plan:
+            written += self._write_batch(topic, batch, members, replay=False)
         return written
 
     def _member_pairs(self, kafka_topic: str, member: Member, s: Slice | None) -> list[tuple[int, Event]]:
@@ -699,18 +719,21 @@ class KafkaSinkConsumer:
             self.target.write(topic, s.partition, s.first, s.last, s.records, **poison)
         return refused
 
-    def _journal(self, topic: str, batches: list[Batch]) -> None:
-        """Record each batch as pending on every partition it covers, in one commit, before writing."""
+    def _journal(self, batches: dict[str, list[Batch]]) -> None:
+        """Record each batch (per topic) as pending on every partition it covers, all in one commit,
+        before any of them is written."""
         from confluent_kafka import TopicPartition
 
-        kafka_topic = self.prefix + topic
-        chains: dict[int, list[Pending]] = {}
-        for batch in batches:
-            for partition, first, last in batch:
-                state = self._states[(kafka_topic, partition)]
-                chains.setdefault(partition, list(state.pending)).append(Pending(first, last, batch))
+        chains: dict[tuple[str, int], list[Pending]] = {}
+        for topic, topic_batches in batches.items():
+            for batch in topic_batches:
+                for partition, first, last in batch:
+                    key = (self.prefix + topic, partition)
+                    chains.setdefault(key, list(self._states[key].pending)).append(Pending(first, last, batch))
+        if not chains:
+            return
         offsets = []
-        for partition, chain in chains.items():
+        for (kafka_topic, partition), chain in chains.items():
             metadata = format_journal(chain)
             if len(metadata) > JOURNAL_MAX_CHARS:
                 raise JournalMismatch(f"{kafka_topic}[{partition}]: too many uncommitted ranges ({len(chain)})")
@@ -719,8 +742,8 @@ class KafkaSinkConsumer:
         self.consumer.commit(offsets=offsets, asynchronous=False)  # raises: the batcher retries the write
         self.stats.stage_seconds["journal"] += time.perf_counter() - started
         self.stats.journals += 1
-        for partition, chain in chains.items():
-            self._states[(kafka_topic, partition)].pending = chain
+        for key, chain in chains.items():
+            self._states[key].pending = chain
 
     def _commit(self, done: Sequence[tuple[str, int, int]]) -> None:
         """Commit the next offsets of partitions whose rows are durable, all in one request (dead

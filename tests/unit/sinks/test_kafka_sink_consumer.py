@@ -297,6 +297,28 @@ def test_one_write_per_table_covers_every_partition_with_one_journal_and_one_com
     assert sink.stats.writes_by_topic == {TOPIC: 1}
 
 
+def test_tables_due_together_share_one_journal_commit_and_one_offset_commit() -> None:
+    from entroloop.contract.records import Span
+
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", topic_prefix=PREFIX)
+    consumer, producer = FakeConsumer(), FakeProducer()
+    target = SlicesTarget(consumer)
+    sink = KafkaSinkConsumer("test", target, [TOPIC, Span.topic], settings, max_rows=1000, max_seconds=60)
+    sink.consumer, sink.producer = consumer, producer
+    span_topic = PREFIX + Span.topic
+    sink._on_assign(consumer, [TopicPartition(t, p) for t in (KTOPIC, span_topic) for p in (0, 1)])
+    spans = [codec.encode(r) for q in SyntheticFleet(seed=4).requests(10) for r in q.records if isinstance(r, Span)]
+    values = tokens(8)
+    for p in (0, 1):
+        sink._take(messages(values[4 * p:4 * p + 4], 0, partition=p))
+        sink._take([FakeMessage(i, v, p, span_topic) for i, v in enumerate(spans[3 * p:3 * p + 3])])
+    requests = consumer.requests
+    sink._flush(force=True)
+    assert sorted(target.batches) == sorted([((0, 0, 3, 4), (1, 0, 3, 4)), ((0, 0, 2, 3), (1, 0, 2, 3))])
+    assert consumer.requests - requests == 2, "two tables, four partitions: one journal commit, one offset commit"
+    assert all(consumer.committed_offsets[(t, p)][1] == "" for t in (KTOPIC, span_topic) for p in (0, 1))
+
+
 def test_a_batch_pending_on_a_partition_owned_elsewhere_is_rewritten_whole_from_kafka() -> None:
     # a crashed sink journaled 0:0-9 + 1:100-109 and wrote it; this sink now owns partition 0 only
     members = "0:0-9+1:100-109"
