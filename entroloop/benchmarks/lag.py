@@ -19,9 +19,10 @@ oldest row of each batch, so p99 is bounded below by about that bound (plus the 
 linger and the insert). The bench's default bound is 0.5 s (about two inserts per table per
 second); at the sink's default of 1 s there is one insert per table per second and p99 is above 1 s.
 
-**Alerts and actions.** A second phase runs `entroloop worker` (the analytics processors) and an
-action worker (``entroloop.benchmarks.action_worker``: `entroloop worker` runs no action runner)
-instead of the sink, webhooks answered by a stub HTTP server in this process. Derived records
+**Alerts and actions.** A second phase runs `entroloop worker` (the analytics processors) and
+`entroloop actions` (the action runner of the distributed deployment, its own process and consumer
+group: the worker runs no runbooks) instead of the sink, acting for real (not a dry run), with the
+webhooks answered by a stub HTTP server in this process. Derived records
 keep their source's ``emitted_at`` (``streams.base.derive``), and the Kafka timestamp of an alert
 or action is when the worker produced it, so per alert, lag = its append to the alerts topic
 (durable, where actions, circuit breakers and rollbacks read it) - emitted_at, and per action,
@@ -32,6 +33,7 @@ Each phase is repeated (``entroloop.benchmarks.repeats``): a figure is the media
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -294,6 +296,24 @@ def _topic_lags(bootstrap: str, kafka_topic: str) -> tuple[list[float], Counter[
     return lags, outcomes
 
 
+def _wait_for_group(bootstrap: str, group: str, process: _Process, timeout: float) -> None:
+    """Wait until consumer ``group`` is stable with a member (the process got its partitions)."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.proc.poll() is None:
+        (described,) = admin.describe_consumer_groups([group]).values()
+        with contextlib.suppress(Exception):  # the group does not exist yet
+            state = described.result(timeout=10)
+            if state.state == ConsumerGroupState.STABLE and state.members:
+                return
+        time.sleep(0.5)
+    process.stop()
+    raise RuntimeError(f"{group} did not get its partitions within {timeout:.0f} s:\n" + "".join(process.lines[-30:]))
+
+
 def _topic_size(bootstrap: str, kafka_topic: str, partitions: int) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -313,7 +333,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def measure_alerts(bootstrap: str, sample: list[list[Any]], rate: float, seconds: float, partitions: int,
                    progress: Progress = lambda text: None, settle_s: float = 5.0) -> dict[str, Any]:
-    """One run: publisher -> Kafka -> `entroloop worker` + the action worker; alert and action lags."""
+    """One run: publisher -> Kafka -> `entroloop worker` + `entroloop actions`; alert and action lags."""
     from entroloop.contract.records import Action, Alert
     from entroloop.infra.kafka_topics import ensure_topics
 
@@ -326,16 +346,16 @@ def measure_alerts(bootstrap: str, sample: list[list[Any]], rate: float, seconds
     try:
         with tempfile.TemporaryDirectory(prefix="entroloop-alertlag-") as tmp:
             folder = Path(tmp)
-            progress("starting `entroloop worker` and the action worker")
+            progress("starting `entroloop worker` and `entroloop actions`")
             workers.append(_Process([sys.executable, "-m", "entroloop.cli", "worker", "--log-level", "info"],
                                     _env(bootstrap, prefix, partitions, folder / "worker"), ready="Ready"))
             actions_env = _env(bootstrap, prefix, partitions, folder / "actions", ENTROLOOP_ACTIONS_DRY_RUN="false",
-                               ENTROLOOP_ACTIONS_GATEWAY_URL=stub, ENTROLOOP_ACTIONS_VLLM_URL=stub,
-                               ENTROLOOP_ACTIONS_RUNBOOKS_DIR=str(REPO_ROOT / "runbooks"))
-            workers.append(_Process([sys.executable, "-m", "entroloop.benchmarks.action_worker", "info"], actions_env,
-                                    ready="Ready"))
-            for worker, what in zip(workers, ("entroloop worker", "the action worker")):
-                worker.wait_ready(180, what)
+                               ENTROLOOP_ACTIONS_GATEWAY_URL=stub, ENTROLOOP_ACTIONS_VLLM_URL=stub)
+            # `entroloop actions` logs nothing when its partitions arrive: its group tells
+            workers.append(_Process([sys.executable, "-m", "entroloop.cli", "actions", "--log-level", "info",
+                                     "--session-timeout-s", "10"], actions_env, ready="\0never"))
+            workers[0].wait_ready(180, "entroloop worker")
+            _wait_for_group(bootstrap, f"{prefix}entroloop-actions", workers[1], 180)
             progress(f"publishing {int(rate * seconds):,} requests at {rate:,.0f}/s")
             published = _publish(bootstrap, prefix, folder, sample, rate, seconds)
             progress("waiting for the workers to finish")
@@ -466,8 +486,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     alerts = result.get("alerts")
     if alerts:
         detail = result["details"].get("alerts", {})
-        note = (f"`entroloop worker` + an action worker (entroloop.benchmarks.action_worker: `entroloop worker` runs "
-                f"no action runner), webhooks to a local stub; last run: {detail.get('alerts', 0):,} alerts "
+        note = (f"`entroloop worker` + `entroloop actions` (not a dry run; webhooks to a local stub); last run: {detail.get('alerts', 0):,} alerts "
                 f"{detail.get('alert_rules', {})}, {detail.get('actions', 0):,} actions {detail.get('action_outcomes', {})}; "
                 "time to the record's append to its Kafka topic")
         at = f"at {ALERT_RATE:,} req/s"
