@@ -21,7 +21,11 @@ from entroloop.contract.codec import decode_many, encode
 from entroloop.contract.ids import uuid7
 from entroloop.contract.records import Audit, Event, Span, TokenEntropy, pack_entropies
 
-WORDS = ["the", "model", "answered", "question", "about", "invoice", "refund", "policy", "shipping", "delay", "account", "password", "reset", "error", "timeout", "latency", "gpu", "cluster", "adapter", "training", "data", "customer", "support", "contract", "clause", "summary", "translate", "german", "french", "code", "python", "function", "bug", "stack", "trace", "memory", "leak", "database", "index", "query"]
+WORDS = (
+    "the model answered question about invoice refund policy shipping delay account password reset "
+    "error timeout latency gpu cluster adapter training data customer support contract clause summary "
+    "translate german french code python function bug stack trace memory leak database index query"
+).split()
 
 
 def _text(rng: random.Random, words: int) -> str:

@@ -85,4 +85,4 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     ]
 
 
-__all__ = ["build_records", "figures", "run"]
+__all__ = ["run", "figures", "build_records"]

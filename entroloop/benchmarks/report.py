@@ -32,7 +32,7 @@ class Figure:
     load_average: float | None = None  # 1-minute load average seen while measuring
 
     @classmethod
-    def repeated(cls, section: str, name: str, measured, unit: str, **kwargs) -> Figure:
+    def repeated(cls, section: str, name: str, measured, unit: str, **kwargs) -> "Figure":
         """A figure from a :class:`~entroloop.benchmarks.repeats.Repeated` measurement."""
         return cls(
             section, name, measured.median, unit, runs=measured.runs, spread=measured.spread(),

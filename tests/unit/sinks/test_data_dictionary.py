@@ -16,12 +16,12 @@ COMMON = {"event_id", "emitted_at", "node_id", "seq", "request_id", "trace_id", 
 
 
 def _sql_blocks() -> list[str]:
-    return re.findall(r"```sql\n(.*?)```", DICTIONARY.read_text(), flags=re.DOTALL)
+    return re.findall(r"```sql\n(.*?)```", DICTIONARY.read_text(), flags=re.S)
 
 
 def _sections() -> dict[str, str]:
     """Table name -> the text of its ``### `table` `` section."""
-    parts = re.split(r"^### `([a-z_0-9]+)`", DICTIONARY.read_text(), flags=re.MULTILINE)
+    parts = re.split(r"^### `([a-z_0-9]+)`", DICTIONARY.read_text(), flags=re.M)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
