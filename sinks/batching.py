@@ -1,10 +1,13 @@
 """Bounded batching in front of a sink: few, large, idempotent inserts and explicit backpressure.
 
 A Kafka sink consumer hands every polled message range to ``SinkBatcher.add`` and calls
-``SinkBatcher.flush_due`` from its poll loop. A topic's buffered rows become one insert when they
-reach ``max_rows`` or when the oldest has waited ``max_seconds`` (about one insert per second per
-table under load: the figure ClickHouse is built for, instead of many small parts). The offsets a
-flush returns are the ones the consumer may commit, and only those: they are durable.
+``SinkBatcher.flush_due`` from its poll loop. One batcher serves every partition the consumer owns:
+a topic's buffered rows, from all its partitions, become one insert when they reach ``max_rows``
+or when the oldest has waited ``max_seconds`` (about one insert per second per table under load:
+the figure ClickHouse is built for, instead of many small parts). The wait is counted from when
+the oldest row was appended to Kafka (``add(..., appended_at=...)``, the broker timestamp), not
+from when the sink took it, so time spent in Kafka counts against the bound. The offsets a flush
+returns are the ones the consumer may commit, and only those: they are durable.
 
 Memory is bounded by ``max_buffered_rows``. Past it, ``add`` refuses the records with
 ``SinkBackpressure`` *before* taking them; the consumer pauses its partitions, keeps polling (so
@@ -50,6 +53,9 @@ class Slice:
 
 
 class BatchTarget(Protocol):
+    """``write`` (one partition's slice), or ``write_slices(topic, slices)`` (a topic's whole cut);
+    optionally ``prepare(cuts)``, called once with every due topic's cut before any is written."""
+
     def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Any]) -> int: ...
 
 
@@ -100,8 +106,19 @@ class SinkBatcher:
     def has_room(self, rows: int = 1) -> bool:
         return self.buffered_rows + rows <= self.max_buffered_rows
 
-    def add(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Any]) -> None:
+    def partition_rows(self, topic: str, partition: int) -> int:
+        """Rows of one partition buffered and not yet written."""
+        buf = self._topics.get(topic)
+        part = buf.partitions.get(partition) if buf else None
+        return len(part.records) if part else 0
+
+    def add(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Any],
+            appended_at: float | None = None) -> None:
         """Buffer ``records`` read at offsets ``first_offset..last_offset`` of ``topic``/``partition``.
+
+        ``appended_at`` (wall-clock seconds, e.g. the oldest record's broker timestamp) starts the
+        batch's clock when the records entered Kafka; without it the clock starts now. A timestamp
+        in the future (a broker clock ahead of this host) counts as now.
 
         Raises ``SinkBackpressure`` (taking nothing) when they do not fit; offsets must continue
         where the partition's buffered range ends (a consumer re-seeks after a rebalance, which
@@ -117,10 +134,17 @@ class SinkBatcher:
             part.first = first_offset
         part.last = last_offset
         part.records.extend(records)
-        if buf.rows == 0:
-            buf.oldest = self.clock()
+        now = self.clock()
+        started = now if appended_at is None else now - max(0.0, time.time() - appended_at)
+        buf.oldest = started if buf.rows == 0 else min(buf.oldest, started)
         buf.rows += len(records)
         self.buffered_rows += len(records)
+
+    def next_due_in(self) -> float:
+        """Seconds until the next topic is due by time (``inf`` with nothing buffered)."""
+        now = self.clock()
+        waits = [max(buf.oldest + self.max_seconds, buf.retry_at) - now for buf in self._topics.values() if buf.rows]
+        return min(waits, default=float("inf"))
 
     def drop_partition(self, topic: str, partition: int) -> int:
         """Forget a revoked partition's unwritten rows (the new owner re-reads them); count dropped."""
@@ -137,12 +161,31 @@ class SinkBatcher:
         """Write every topic whose batch is due; return ``(topic, partition, next_offset)`` to commit."""
         now = self.clock()
         committed: list[tuple[str, int, int]] = []
-        for topic, buf in self._topics.items():
-            if not buf.rows or (now < buf.retry_at and not force):
-                continue
-            if force or buf.rows >= self.max_rows or now - buf.oldest >= self.max_seconds:
-                committed.extend(self._flush_topic(topic, buf, now))
+        due = {topic: buf for topic, buf in self._topics.items()
+               if buf.rows and (force or now >= buf.retry_at)
+               and (force or buf.rows >= self.max_rows or now - buf.oldest >= self.max_seconds)}
+        if not due:
+            return committed
+        cuts = {topic: self._cut(topic, buf) for topic, buf in due.items()}
+        prepare = getattr(self.target, "prepare", None)
+        if prepare is not None:
+            # one step ahead of all the writes of this flush (the Kafka sink journals them in one commit)
+            try:
+                prepare(cuts)
+            except Exception as exc:  # noqa: BLE001 - like a failed write of every due topic
+                for buf in due.values():
+                    self._failed(buf, exc, now)
+                return committed
+        for topic, buf in due.items():
+            committed.extend(self._flush_topic(topic, buf, now, cuts[topic]))
         return committed
+
+    def _failed(self, buf: _TopicBuffer, exc: Exception, now: float) -> None:
+        """The rows stay buffered; the retry waits longer each time."""
+        buf.failures += 1
+        self.write_errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        buf.retry_at = now + min(self.max_backoff_s, 0.1 * 2 ** min(buf.failures, 16))
 
     def flush_all(self) -> list[tuple[str, int, int]]:
         """Write everything buffered (shutdown, partition revocation); may leave rows on failure."""
@@ -172,8 +215,7 @@ class SinkBatcher:
             budget -= take
         return slices
 
-    def _flush_topic(self, topic: str, buf: _TopicBuffer, now: float) -> list[tuple[str, int, int]]:
-        slices = self._cut(topic, buf)
+    def _flush_topic(self, topic: str, buf: _TopicBuffer, now: float, slices: list[Slice]) -> list[tuple[str, int, int]]:
         try:
             write_slices = getattr(self.target, "write_slices", None)
             if write_slices is not None:
@@ -181,11 +223,8 @@ class SinkBatcher:
             else:
                 for s in slices:
                     self.target.write(topic, s.partition, s.first, s.last, s.records)
-        except Exception as exc:  # the rows stay buffered; the retry waits longer each time
-            buf.failures += 1
-            self.write_errors += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            buf.retry_at = now + min(self.max_backoff_s, 0.1 * 2 ** min(buf.failures, 16))
+        except Exception as exc:  # noqa: BLE001 - any failure: keep the rows, retry later
+            self._failed(buf, exc, now)
             return []
         buf.failures = 0
         buf.retry_at = 0.0

@@ -8,28 +8,37 @@ group of its own (``<prefix>entroloop-sink-<kind>``), with ``enable.auto.commit=
   kind for its topic) becomes a ``DeadLetter`` produced to the dead-letter topic with its reason,
   and the producer is flushed before any offset past it is committed. The consumer never crashes
   on bad bytes.
-* Every assigned partition has its own ``sinks.batching.SinkBatcher``, so each write covers one
-  contiguous offset range of one partition and its idempotency key (ClickHouse's
-  ``insert_deduplication_token``, the audit object keys) names exactly that range.
-* Offsets are committed synchronously, next offset per partition, only after the write returned.
+* One ``sinks.batching.SinkBatcher`` serves every assigned partition: a table's rows from all its
+  partitions accumulate into one write per flush interval (``max_rows`` or ``max_seconds``,
+  counted from the oldest row's broker timestamp, so time spent in Kafka counts), about one
+  insert per table per second at steady state instead of one per partition. A write covers one
+  contiguous offset range of each partition in it, and its idempotency key (ClickHouse's
+  ``insert_deduplication_token``) names every range. The audit log keeps one hash chain per
+  partition, so its target gets one partition per write (its object keys name that range).
+* Offsets are committed synchronously, next offset per partition, only after the write returned;
+  the offsets of all partitions a flush wrote go in one commit request.
 * A record the target refuses on its own (``ClickHouseSink`` bisects a failed insert and reports
   each such record with ClickHouse's error) becomes a dead letter (``insert_rejected``) like a
   poison message, and the rest of its batch is stored: one bad row never stops the partition.
 
-**Why a write journal.** Offset-aligned cuts make a redelivered range reproduce its token only
-when row bounds closed the batch; a batch closed by the clock (``max_seconds``) or by shutdown can
-be cut differently after a crash, and a different token means a second copy of the rows (or a
-second audit file). So before it writes a range the consumer commits the partition's *current*
-offset again with the range in the commit metadata (``entroloop-pending:F-L[,F2-L2...]``). After a
-crash between write and commit, the next owner of the partition reads that metadata from the
-group's committed offsets and rewrites exactly those ranges first: same tokens, same object keys,
-so ClickHouse drops the repeat and the audit writer recognises its batch. The journal lives in
-Kafka itself (no extra store), costs one synchronous commit per write, and works across processes
-and rebalances because the metadata travels with the partition's offset.
+**Why a write journal.** A batch closed by the clock (``max_seconds``), by shutdown, or holding
+whatever partitions happened to have rows, is cut differently when it is read again after a crash,
+and a different token means a second copy of the rows (or a second audit file). So before it
+writes a batch the consumer commits each of the batch's partitions at its *current* offset again,
+all in one request, with the pending range and the batch's members in the commit metadata
+(``entroloop-pending:F-L[@P:F-L+P:F-L...][,...]``, see ``format_journal``). After a crash between
+write and commit, the next owner of a partition reads that metadata from the group's committed
+offsets, and its first write of those offsets rewrites each pending batch whole, exactly as
+journaled: members it holds come from its buffer, members it does not (another sink owns that
+partition now, or the cut left it out) are read again from Kafka. Same members, same token, so
+ClickHouse drops the repeat and the audit writer recognises its batch; two owners replaying one
+batch both use its token. The journal lives in Kafka itself (no extra store), costs one
+synchronous commit per flush, and works across processes and rebalances because the metadata
+travels with the partition's offset.
 
 **Backpressure.** A batcher that is full raises ``SinkBackpressure`` before taking anything; the
 consumer pauses that partition, seeks it back to the first offset it did not take and keeps polling
-(so the group does not rebalance) and flushing; it resumes the partition when its batcher has
+(so the group does not rebalance) and flushing; it resumes the partition when the batcher has
 room for a full batch again. A failing target (ClickHouse down) is retried by the batcher with
 backoff, so an outage becomes pause, not unbounded memory.
 
@@ -112,30 +121,73 @@ def _after_durable_write(description: str) -> None:
 
 # --- the journal in commit metadata -----------------------------------------------------------------
 Range = tuple[int, int]
+Member = tuple[int, int, int]  # (partition, first offset, last offset) of one write
+Batch = tuple[Member, ...]  # every partition range one write covers, sorted by partition
+# a batch's members are spelled out in the journal of each of its partitions; this many keep even a
+# chain of two pending batches well inside JOURNAL_MAX_CHARS (~25 characters per member)
+MAX_BATCH_PARTITIONS = 48
 
 
-def format_journal(ranges: Sequence[Range]) -> str:
-    return JOURNAL_TAG + ",".join(f"{f}-{l}" for f, l in ranges) if ranges else ""
+@dataclass(frozen=True)
+class Pending:
+    """A range of one partition that is written (or about to be) and not yet committed, and the
+    whole batch it was written in (the same batch is rewritten after a crash: same token)."""
+
+    first: int
+    last: int
+    batch: Batch
 
 
-def parse_journal(metadata: str | None, committed_offset: int) -> list[Range]:
-    """Pending ranges recorded at ``committed_offset`` (ranges below it are done; junk is ignored)."""
+def format_journal(pending: Sequence[Pending]) -> str:
+    """``entroloop-pending:F-L[@P:F-L+P:F-L...],...``; a batch of this partition alone has no ``@``
+    part (the format of sinks that wrote one batch per partition, still read the same way)."""
+    if not pending:
+        return ""
+    parts = []
+    for p in pending:
+        members = "" if len(p.batch) == 1 else "@" + "+".join(f"{q}:{f}-{l}" for q, f, l in p.batch)
+        parts.append(f"{p.first}-{p.last}{members}")
+    return JOURNAL_TAG + ",".join(parts)
+
+
+def _parse_range(text: str) -> Range | None:
+    first, sep, last = text.partition("-")
+    if not (sep and first.isdigit() and last.isdigit()):
+        return None
+    return int(first), int(last)
+
+
+def parse_journal(metadata: str | None, committed_offset: int, partition: int) -> list[Pending]:
+    """Pending ranges of ``partition`` recorded at ``committed_offset`` (ranges below it are done;
+    junk is ignored)."""
     if not metadata or not metadata.startswith(JOURNAL_TAG):
         return []
-    ranges: list[Range] = []
+    pending: list[Pending] = []
     for part in metadata[len(JOURNAL_TAG):].split(","):
-        first, sep, last = part.partition("-")
-        if not (sep and first.isdigit() and last.isdigit()):
+        own, _, members = part.partition("@")
+        bounds = _parse_range(own)
+        if bounds is None:
             return []
-        ranges.append((int(first), int(last)))
-    ranges = [r for r in ranges if r[1] >= committed_offset]
+        batch: list[Member] = []
+        for member in members.split("+") if members else []:
+            p, sep, text = member.partition(":")
+            mr = _parse_range(text)
+            if not (sep and p.isdigit() and mr):
+                return []
+            batch.append((int(p), *mr))
+        if not batch:
+            batch = [(partition, *bounds)]
+        if (partition, *bounds) not in batch:
+            return []  # a batch that does not name this range: not ours to trust
+        pending.append(Pending(bounds[0], bounds[1], tuple(sorted(batch))))
+    pending = [p for p in pending if p.last >= committed_offset]
     # the journal is a chain of consecutive ranges starting at the committed offset
     expected = committed_offset
-    for first, last in ranges:
-        if first != expected or last < first:
+    for p in pending:
+        if p.first != expected or p.last < p.first:
             return []
-        expected = last + 1
-    return ranges
+        expected = p.last + 1
+    return pending
 
 
 # --- state ------------------------------------------------------------------------------------------
@@ -153,6 +205,10 @@ class SinkStats:
     pauses: int = 0
     rebalances: int = 0
     dropped_on_revoke: int = 0
+    writes_by_topic: dict[str, int] = field(default_factory=dict)
+    journals: int = 0
+    # wall-clock seconds spent in the journal commits, the target's writes and the offset commits
+    stage_seconds: dict[str, float] = field(default_factory=lambda: {"journal": 0.0, "write": 0.0, "commit": 0.0})
     started: float = field(default_factory=time.monotonic)
     first_message: float | None = None
 
@@ -164,6 +220,8 @@ class SinkStats:
         active = max(now - (self.first_message or now), 1e-9)
         out["active_s"] = round(active, 3)
         out["rows_per_s"] = round(self.rows_written / active, 1) if self.first_message else 0.0
+        out["writes_by_topic"] = dict(self.writes_by_topic)
+        out["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}
         return out
 
 
@@ -174,26 +232,25 @@ class _Partition:
     kafka_topic: str
     topic: str  # the registry name (targets look tables and keys up by it)
     partition: int
-    batcher: SinkBatcher
     expected: int | None = None  # next offset to take
     committed: int | None = None  # the group's committed offset (where a journal must start)
-    pending: list[Range] = field(default_factory=list)  # written or about to be, not yet committed
-    replay: list[Range] = field(default_factory=list)  # pending ranges found at assignment: rewrite first
-    replay_pairs: list[tuple[int, Event]] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)  # written or about to be, not yet committed
     paused: bool = False
     eof: bool = False
 
 
-class _PartitionTarget:
-    """The batcher's target for one partition: journals each range, then writes it."""
+class _BatchWriter:
+    """The batcher's target: journals the cuts of every due topic for all their partitions at once,
+    then writes each."""
 
-    def __init__(self, sink: KafkaSinkConsumer, key: tuple[str, int]) -> None:
+    def __init__(self, sink: KafkaSinkConsumer) -> None:
         self.sink = sink
-        self.key = key
+
+    def prepare(self, cuts: dict[str, Sequence[Slice]]) -> None:
+        self.sink._prepare(cuts)
 
     def write_slices(self, topic: str, slices: Sequence[Slice]) -> int:
-        state = self.sink._states[self.key]
-        return sum(self.sink._write_range(state, s.first, s.last, s.records) for s in slices)
+        return self.sink._write_slices(topic, slices)
 
 
 # --- the consumer -----------------------------------------------------------------------------------
@@ -209,7 +266,7 @@ class KafkaSinkConsumer:
         *,
         max_rows: int | None = None,
         max_seconds: float | None = None,
-        partition_buffer_rows: int | None = None,
+        buffer_rows: int | None = None,
         session_timeout_s: float = 30.0,
         consumer_config: dict[str, Any] | None = None,
     ) -> None:
@@ -225,7 +282,8 @@ class KafkaSinkConsumer:
                 raise ValueError(f"unknown topic {name!r}")
         self.max_rows = max_rows or settings.sink_batch_rows
         self.max_seconds = max_seconds or settings.sink_batch_seconds
-        self.partition_buffer_rows = max(partition_buffer_rows or 2 * self.max_rows, self.max_rows)
+        # rows buffered across all partitions and tables before partitions are paused
+        self.buffer_rows = max(buffer_rows or 4 * self.max_rows, self.max_rows)
         self.group_id = f"{self.prefix}entroloop-sink-{kind}"
         config = manual_commit_consumer_config(
             settings, group_id=self.group_id, client_id=f"entroloop-sink-{kind}",
@@ -233,6 +291,7 @@ class KafkaSinkConsumer:
             **{"max.poll.interval.ms": 300_000},
         )
         config.update(consumer_config or {})
+        self._consumer_config = config
         self.consumer = Consumer(config)
         self.producer = Producer({
             "bootstrap.servers": settings.kafka_bootstrap,
@@ -246,6 +305,15 @@ class KafkaSinkConsumer:
         self.stats = SinkStats()
         self._time_window = EventTimeWindow.from_settings(settings)  # decode refuses events outside it
         self._states: dict[tuple[str, int], _Partition] = {}
+        # one batcher for every partition: a table's rows of all partitions go into one write
+        self._batcher = SinkBatcher(_BatchWriter(self), max_rows=self.max_rows, max_seconds=self.max_seconds,
+                                    max_buffered_rows=self.buffer_rows)
+        # several partitions per write only where the target takes them (ClickHouse); the audit
+        # log keeps one hash chain per partition, so each of its writes covers one partition
+        self._multi_partition = hasattr(target, "write_slices")
+        self._written: set[tuple[str, Batch]] = set()  # batches written by this process, not yet committed
+        self._from_journal: set[tuple[str, Batch]] = set()  # batches a crashed owner left pending
+        self._planned: dict[str, tuple[Sequence[Slice], Any]] = {}  # cuts journaled by _prepare, to write
         self._dead_letters_unflushed = 0
         self._dead_letter_errors: list[str] = []
         self._stop = threading.Event()
@@ -278,9 +346,11 @@ class KafkaSinkConsumer:
         drained_since: float | None = None
         try:
             while not self._stop.is_set():
-                messages = self.consumer.consume(num_messages=10_000, timeout=poll_s)
+                # wait no longer than until the next batch is due (its clock runs from the broker's append)
+                wait = min(poll_s, max(0.0, self._batcher.next_due_in()))
+                messages = self.consumer.consume(num_messages=10_000, timeout=wait)
                 # idle means nothing to do: paused partitions and unwritten rows are work waiting
-                busy = any(st.paused or st.batcher.buffered_rows for st in self._states.values())
+                busy = self._batcher.buffered_rows or any(st.paused for st in self._states.values())
                 if self._take(messages) or busy:
                     last_message = time.monotonic()
                 self._flush(force=False)
@@ -288,7 +358,7 @@ class KafkaSinkConsumer:
                 if until_empty:
                     if self._drained():
                         self._flush(force=True)
-                        idle = not any(s.batcher.buffered_rows for s in self._states.values())
+                        idle = not self._batcher.buffered_rows
                         drained_since = drained_since or time.monotonic()
                         if idle and time.monotonic() - drained_since >= 1.0:
                             break
@@ -311,7 +381,7 @@ class KafkaSinkConsumer:
         a fetch round trip; asking the broker for each partition's watermark takes ~0.5 s each)."""
         from confluent_kafka import TopicPartition
 
-        if not self._states or not all(s.eof and not s.replay and not s.paused for s in self._states.values()):
+        if not self._states or not all(s.eof and not s.paused for s in self._states.values()):
             return False
         for state in self._states.values():
             tp = TopicPartition(state.kafka_topic, state.partition)
@@ -323,48 +393,43 @@ class KafkaSinkConsumer:
         return True
 
     # --- rebalance -------------------------------------------------------------------------------
-    def _state_for(self, kafka_topic: str, partition: int) -> _Partition:
-        key = (kafka_topic, partition)
-        batcher = SinkBatcher(_PartitionTarget(self, key), max_rows=self.max_rows, max_seconds=self.max_seconds,
-                              max_buffered_rows=self.partition_buffer_rows)
-        return _Partition(kafka_topic, kafka_topic[len(self.prefix):], partition, batcher)
-
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self.stats.rebalances += 1
         log.info("assigned %d partition(s)", len(partitions))
         for tp in partitions:
-            self._states[(tp.topic, tp.partition)] = self._state_for(tp.topic, tp.partition)
+            self._states[(tp.topic, tp.partition)] = _Partition(tp.topic, tp.topic[len(self.prefix):], tp.partition)
         try:
             committed = consumer.committed(partitions, timeout=30)
-        except Exception as exc:  # noqa: BLE001 - without the journal a replay could duplicate: refuse
+        except Exception as exc:
             raise RuntimeError(f"cannot read committed offsets of {len(partitions)} partitions: {exc}") from exc
         for tp in committed:
             state = self._states[(tp.topic, tp.partition)]
             if tp.offset >= 0:
                 state.expected = state.committed = tp.offset
-                state.replay = parse_journal(tp.metadata, tp.offset)
-                if state.replay:
-                    log.warning("%s[%d]: rewriting %d range(s) written before a crash: %s", tp.topic, tp.partition,
-                                len(state.replay), state.replay)
+                state.pending = parse_journal(tp.metadata, tp.offset, tp.partition)
+                if state.pending:
+                    # written (or about to be) before a crash: the first write of these offsets
+                    # rewrites each of these batches whole, under its own token (``_write_slices``)
+                    self._from_journal.update((state.topic, p.batch) for p in state.pending)
+                    log.warning("%s[%d]: rewriting %d batch(es) written before a crash: %s", tp.topic, tp.partition,
+                                len(state.pending), [p.batch for p in state.pending])
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         self.stats.rebalances += 1
-        for tp in partitions:
-            state = self._states.get((tp.topic, tp.partition))
-            if state is None:
-                continue
-            if not state.replay:
-                # still ours: write what is buffered and commit it, so the next owner starts clean
-                self._commit(state, state.batcher.flush_all())
-            self.stats.dropped_on_revoke += state.batcher.drop_partition(state.topic, state.partition)
-            del self._states[(tp.topic, tp.partition)]
+        if any((tp.topic, tp.partition) in self._states for tp in partitions):
+            # still ours: write what is buffered and commit it, so the next owner starts clean
+            self._commit(self._batcher.flush_all())
+        self._forget(partitions)
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
         # no longer ours: committing would fail and writing could race the new owner; forget it
+        self._forget(partitions)
+
+    def _forget(self, partitions: list[Any]) -> None:
         for tp in partitions:
             state = self._states.pop((tp.topic, tp.partition), None)
             if state:
-                self.stats.dropped_on_revoke += state.batcher.drop_partition(state.topic, state.partition)
+                self.stats.dropped_on_revoke += self._batcher.drop_partition(state.topic, state.partition)
 
     # --- taking messages -------------------------------------------------------------------------
     def _take(self, messages: list[Any]) -> bool:
@@ -397,18 +462,20 @@ class KafkaSinkConsumer:
                 state.eof = True
         return bool(grouped)
 
-    def _decode(self, state: _Partition, messages: list[Any]) -> tuple[list[tuple[int, Event]], list[DeadLetter]]:
+    def _decode(self, topic: str, messages: list[Any], dead_letters_for: _Partition | None
+                ) -> tuple[list[tuple[int, Event]], list[DeadLetter]]:
         pairs: list[tuple[int, Event]] = []
         dead: list[DeadLetter] = []
-        record_type = TOPIC_BY_NAME[state.topic].record_type
+        record_type = TOPIC_BY_NAME[topic].record_type
         values = [message.value() or b"" for message in messages]
         # one batch decode (the collector paused for it); each item is a record or its CodecError
         for message, value, record in zip(messages, values, decode_many(values, self.settings.max_record_bytes, self._time_window)):
             if not isinstance(record, CodecError) and not isinstance(record, record_type):
-                record = CodecError(f"a {type(record).__name__} record on topic {state.topic}")
+                record = CodecError(f"a {type(record).__name__} record on topic {topic}")
                 record.error_type = "wrong_topic"
             if isinstance(record, CodecError):
-                dead.append(self._dead_letter(state, message, value, record))
+                if dead_letters_for is not None:
+                    dead.append(self._dead_letter(dead_letters_for, message, value, record))
                 continue
             pairs.append((message.offset(), record))
         return pairs, dead
@@ -428,6 +495,12 @@ class KafkaSinkConsumer:
             **dead_letter_fields(err, value),
         )
 
+    @staticmethod
+    def _appended_at(messages: list[Any]) -> float | None:
+        """The oldest broker timestamp of ``messages`` in seconds (None where the broker gave none)."""
+        stamps = [ms for kind, ms in (m.timestamp() for m in messages) if kind != 0 and ms >= 0]
+        return min(stamps) / 1000.0 if stamps else None
+
     def _take_partition(self, state: _Partition, messages: list[Any]) -> None:
         if state.expected is not None:
             messages = [m for m in messages if m.offset() >= state.expected]  # stale after a seek
@@ -438,64 +511,34 @@ class KafkaSinkConsumer:
         last = messages[-1].offset()
         if state.committed is None:
             state.committed = first  # no committed offset yet: the group starts here
-        pairs, dead = self._decode(state, messages)
+        pairs, dead = self._decode(state.topic, messages, state)
         if self.stats.first_message is None:
             self.stats.first_message = time.monotonic()
         self.stats.messages += len(messages)
         self.stats.records += len(pairs)
 
-        if state.replay:
-            self._produce_dead_letters(dead)
-            replay_last = state.replay[-1][1]
-            state.replay_pairs.extend(p for p in pairs if p[0] <= replay_last)
-            state.expected = last + 1
-            if last < replay_last:
-                return
-            self._finish_replay(state)
-            pairs = [p for p in pairs if p[0] > replay_last]
-            dead = []
-            first = replay_last + 1
-            if first > last:
-                return
-
-        room = state.batcher.max_buffered_rows - state.batcher.buffered_rows
+        room = self._batcher.max_buffered_rows - self._batcher.buffered_rows
         if len(pairs) > room:
             # take what fits, pause at the first record left out (fetched again after resume)
             cut = pairs[room][0]
             pairs = pairs[:room]
             dead = [d for d in dead if d.source_offset < cut]
             if cut > first:
-                self._take_range(state, first, cut - 1, pairs, dead)
+                taken = [m for m in messages if m.offset() < cut]
+                self._take_range(state, first, cut - 1, pairs, dead, self._appended_at(taken))
             self._pause(state, cut)
             return
-        self._take_range(state, first, last, pairs, dead)
+        self._take_range(state, first, last, pairs, dead, self._appended_at(messages))
 
     def _take_range(self, state: _Partition, first: int, last: int, pairs: list[tuple[int, Event]],
-                    dead: list[DeadLetter]) -> None:
+                    dead: list[DeadLetter], appended_at: float | None) -> None:
         self._produce_dead_letters(dead)
         state.expected = last + 1
-        if not pairs and not state.batcher.buffered_rows and not state.pending:
+        if not pairs and not self._batcher.partition_rows(state.topic, state.partition) and not state.pending:
             # only poison here and nothing buffered before it: commit past it once it is delivered
-            self._commit(state, [(state.topic, state.partition, last + 1)])
+            self._commit([(state.topic, state.partition, last + 1)])
             return
-        state.batcher.add(state.topic, state.partition, first, last, pairs)
-
-    def _finish_replay(self, state: _Partition) -> None:
-        """Rewrite the journaled ranges exactly as cut before the crash, then commit past them."""
-        by_offset = state.replay_pairs
-        for first, last in state.replay:
-            records = [r for o, r in by_offset if first <= o <= last]
-            if records:
-                refused = self._target_write(state, first, last, [(o, r) for o, r in by_offset if first <= o <= last])
-                self.stats.writes += 1
-                self.stats.rows_written += len(records) - refused
-                self.stats.replayed_rows += len(records) - refused
-                _after_durable_write(f"replay {state.topic}[{state.partition}] {first}-{last}")
-            self.stats.replayed_ranges += 1
-        end = state.replay[-1][1] + 1
-        state.pending = list(state.replay)
-        state.replay, state.replay_pairs = [], []
-        self._commit(state, [(state.topic, state.partition, end)])
+        self._batcher.add(state.topic, state.partition, first, last, pairs, appended_at=appended_at)
 
     # --- backpressure ----------------------------------------------------------------------------
     def _pause(self, state: _Partition, offset: int) -> None:
@@ -509,123 +552,240 @@ class KafkaSinkConsumer:
         state.expected = offset
         self.stats.pauses += 1
         log.info("%s[%d]: sink buffer full (%d rows%s); paused at offset %d", state.kafka_topic, state.partition,
-                 state.batcher.buffered_rows, f", last error {state.batcher.last_error}" if state.batcher.last_error else "",
+                 self._batcher.buffered_rows, f", last error {self._batcher.last_error}" if self._batcher.last_error else "",
                  offset)
 
     def _resume_drained(self) -> None:
         from confluent_kafka import TopicPartition
 
         for state in self._states.values():
-            if state.paused and state.batcher.has_room(self.max_rows):
+            if state.paused and self._batcher.has_room(self.max_rows):
                 self.consumer.resume([TopicPartition(state.kafka_topic, state.partition)])
                 state.paused = False
 
     # --- writing and committing ------------------------------------------------------------------
     def _flush(self, force: bool) -> None:
-        for state in list(self._states.values()):
-            if state.batcher.buffered_rows:
-                done = state.batcher.flush_all() if force else state.batcher.flush_due()
-                self._commit(state, done)
+        if self._batcher.buffered_rows:
+            self._commit(self._batcher.flush_all() if force else self._batcher.flush_due())
 
-    def _write_range(self, state: _Partition, first: int, last: int, pairs: Sequence[tuple[int, Event]]) -> int:
-        """Write ``first..last`` of a partition, split along its pending ranges; journal new ones first."""
-        pieces: list[tuple[int, int]] = []
-        cursor = first
-        for pf, pl in state.pending:
-            if pl < cursor:
-                continue  # written already, commit failed: the next commit covers it
-            if pf != cursor or pl > last:
-                raise JournalMismatch(
-                    f"{state.kafka_topic}[{state.partition}]: write {first}-{last} does not cover pending {pf}-{pl}"
-                )
-            pieces.append((pf, pl))
-            cursor = pl + 1
-        if cursor <= last:
+    def _prepare(self, cuts: dict[str, Sequence[Slice]]) -> None:
+        """Plan every due topic's cut and journal all their new batches in one commit (one round
+        trip per flush, not one per table); ``_write_slices`` then writes each cut as planned."""
+        plans = {topic: self._plan(topic, slices) for topic, slices in cuts.items()}
+        self._journal({topic: [batch for batch, _ in plan] for topic, plan in plans.items()})
+        self._planned = {topic: (cuts[topic], plan) for topic, plan in plans.items()}
+
+    def _plan(self, topic: str, slices: Sequence[Slice]) -> list[tuple[Batch, list[tuple[Member, list[tuple[int, Event]]]]]]:
+        """The new batches of a cut: each slice after its partition's pending chain (the chain is
+        rewritten first by ``_write_slices``), at most ``MAX_BATCH_PARTITIONS`` partitions a batch
+        (one where the target takes one partition per write)."""
+        kafka_topic = self.prefix + topic
+        new: list[tuple[Member, list[tuple[int, Event]]]] = []
+        for s in slices:
+            state = self._states[(kafka_topic, s.partition)]
+            chain_end = state.pending[-1].last + 1 if state.pending else state.committed
+            cursor = max(s.first, state.pending[-1].last + 1) if state.pending else s.first
+            if cursor > s.last:
+                continue
+            pairs = [(o, r) for o, r in s.records if o >= cursor]
+            if not pairs:
+                continue  # nothing but poison left: the commit after this write covers it
             # the journal is a chain from the committed offset: a range starts where the chain ends
             # (offsets skipped before it held only poison, already dead-lettered)
-            chain_end = state.pending[-1][1] + 1 if state.pending else state.committed
             start = cursor if chain_end is None else min(cursor, chain_end)
-            self._journal(state, [*state.pending, (start, last)])
-            pieces.append((start, last))
+            new.append(((s.partition, start, s.last), pairs))
+        step = MAX_BATCH_PARTITIONS if self._multi_partition else 1
+        groups = [new[i:i + step] for i in range(0, len(new), step)]
+        return [(tuple(m for m, _ in g), g) for g in groups]
+
+    def _write_slices(self, topic: str, slices: Sequence[Slice]) -> int:
+        """Write one cut of ``topic`` (one slice per partition): first every pending batch of these
+        partitions not yet written by this process, exactly as journaled (a crash or a failed write
+        left it; same members, same token), then the rest of the cut as new batches, journaled for
+        all their partitions (by ``_prepare`` with the other due topics, or here) before they are
+        written."""
+        kafka_topic = self.prefix + topic
+        by_partition = {s.partition: s for s in slices}
+        planned_slices, plan = self._planned.pop(topic, (None, None))
+        if planned_slices is not slices or plan is None:
+            plan = self._plan(topic, slices)
+            self._journal({topic: [batch for batch, _ in plan]})
+        new = {batch for batch, _ in plan}
         written = 0
-        for pf, pl in pieces:
-            piece = [(o, r) for o, r in pairs if pf <= o <= pl]
-            records = [r for _, r in piece]
-            if records:
-                refused = self._target_write(state, pf, pl, piece)
-                self.stats.writes += 1
-                self.stats.rows_written += len(records) - refused
-                written += len(records) - refused
-                _after_durable_write(f"{state.topic}[{state.partition}] {pf}-{pl}")
+        states = [self._states[(kafka_topic, s.partition)] for s in slices]
+        for batch in dict.fromkeys(p.batch for st in states for p in st.pending):
+            if (topic, batch) not in self._written and batch not in new:
+                members = [(m, self._member_pairs(kafka_topic, m, by_partition.get(m[0]))) for m in batch]
+                written += self._write_batch(topic, batch, members, replay=(topic, batch) in self._from_journal)
+        for batch, members in plan:
+            written += self._write_batch(topic, batch, members, replay=False)
         return written
 
-    def _target_write(self, state: _Partition, first: int, last: int, pairs: Sequence[tuple[int, Event]]) -> int:
-        """Write one range; records the target refuses on their own are produced as dead letters.
+    def _member_pairs(self, kafka_topic: str, member: Member, s: Slice | None) -> list[tuple[int, Event]]:
+        """The records of one member of a pending batch: from the buffered slice when it holds the
+        whole range, else read again from Kafka (a partition of the batch left out of this cut, or
+        now owned by another sink, which rewrites the same batch under the same token)."""
+        partition, first, last = member
+        if s is not None and s.first <= first and s.last >= last:
+            return [(o, r) for o, r in s.records if first <= o <= last]
+        return self._read_range(kafka_topic, partition, first, last)
+
+    def _read_range(self, kafka_topic: str, partition: int, first: int, last: int, timeout: float = 60.0
+                    ) -> list[tuple[int, Event]]:
+        """Offsets ``first..last`` of one partition, read with a consumer of no group (poison is
+        skipped: its owner dead-letters it)."""
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        reader = Consumer({**self._consumer_config, "group.id": f"{self.group_id}-replay",
+                           "client.id": f"entroloop-sink-{self.kind}-replay", "enable.partition.eof": True})
+        messages: list[Any] = []
+        try:
+            reader.assign([TopicPartition(kafka_topic, partition, first)])
+            deadline, reached = time.monotonic() + timeout, first - 1
+            while reached < last and time.monotonic() < deadline:
+                for m in reader.consume(num_messages=10_000, timeout=0.5):
+                    if m.error() is not None:
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            raise RuntimeError(f"{kafka_topic}[{partition}] ends before offset {last}")
+                        continue
+                    reached = max(reached, m.offset())
+                    if first <= m.offset() <= last:
+                        messages.append(m)
+            if reached < last:
+                raise TimeoutError(f"could not read {kafka_topic}[{partition}] {first}-{last} within {timeout:.0f} s")
+        finally:
+            reader.close()
+        return self._decode(kafka_topic[len(self.prefix):], messages, None)[0]
+
+    def _write_batch(self, topic: str, batch: Batch, members: Sequence[tuple[Member, list[tuple[int, Event]]]],
+                     replay: bool) -> int:
+        """One write of the journaled ``batch``: ``members`` holds each member's ``(offset, record)``
+        pairs; returns rows stored."""
+        members = [(m, pairs) for m, pairs in members if pairs]
+        if not members:
+            self._written.add((topic, batch))
+            return 0
+        started = time.perf_counter()
+        refused = self._target_write(topic, members)
+        self.stats.stage_seconds["write"] += time.perf_counter() - started
+        rows = sum(len(p) for _, p in members) - refused
+        self.stats.writes += 1
+        self.stats.writes_by_topic[topic] = self.stats.writes_by_topic.get(topic, 0) + 1
+        self.stats.rows_written += rows
+        if replay:
+            self.stats.replayed_ranges += len(batch)
+            self.stats.replayed_rows += rows
+        self._written.add((topic, batch))
+        _after_durable_write(f"{topic} {format_journal([Pending(batch[0][1], batch[0][2], batch)])}")
+        return rows
+
+    def _target_write(self, topic: str, members: Sequence[tuple[Member, list[tuple[int, Event]]]]) -> int:
+        """Write one batch; records the target refuses on their own are produced as dead letters.
 
         Returns how many were refused. The dead letters are flushed before any offset past them is
         committed (``_commit``).
         """
-        records = [r for _, r in pairs]
-        if not getattr(self.target, "isolates_poison", False):
-            self.target.write(state.topic, state.partition, first, last, records)
-            return 0
+        located = [(m[0], o, r) for m, pairs in members for o, r in pairs]  # (partition, offset, record)
+        slices = [Slice(m[0], m[1], m[2], [r for _, r in pairs]) for m, pairs in members]
+        isolates = getattr(self.target, "isolates_poison", False)
         refused = 0
 
         def dead_letter(index: int, record: Event, reason: str) -> None:
             nonlocal refused
             refused += 1
-            offset = pairs[index][0]
+            partition, offset, _ = located[index]
             err = CodecError(f"ClickHouse refused the record: {reason}")
             err.error_type = "insert_rejected"
             value = encode(record)
             letter = DeadLetter(
-                event_id=derived_event_id(f"{state.topic}/{state.partition}/{offset}", "dead_letter", at=0.0),
+                event_id=derived_event_id(f"{topic}/{partition}/{offset}", "dead_letter", at=0.0),
                 emitted_at=time.time(),
                 node_id=f"sink-{self.kind}",
                 seq=offset,
                 request_id=record.request_id,
-                source_topic=state.topic,
-                source_partition=state.partition,
+                source_topic=topic,
+                source_partition=partition,
                 source_offset=offset,
                 **dead_letter_fields(err, value),
             )
-            log.warning("%s[%d] offset %d: dead-lettered, %s", state.kafka_topic, state.partition, offset, err.reason[:300])
+            log.warning("%s[%d] offset %d: dead-lettered, %s", self.prefix + topic, partition, offset, err.reason[:300])
             self._produce_dead_letters([letter])
 
-        self.target.write(state.topic, state.partition, first, last, records, on_poison=dead_letter)
+        poison = {"on_poison": dead_letter} if isolates else {}
+        if self._multi_partition:
+            self.target.write_slices(topic, slices, **poison)  # type: ignore[attr-defined]
+        else:
+            (s,) = slices
+            self.target.write(topic, s.partition, s.first, s.last, s.records, **poison)
         return refused
 
-    def _journal(self, state: _Partition, ranges: list[Range]) -> None:
-        """Record ``ranges`` as pending at the partition's committed offset, before writing them."""
+    def _journal(self, batches: dict[str, list[Batch]]) -> None:
+        """Record each batch (per topic) as pending on every partition it covers, all in one commit,
+        before any of them is written."""
         from confluent_kafka import TopicPartition
 
-        metadata = format_journal(ranges)
-        if len(metadata) > JOURNAL_MAX_CHARS:
-            raise JournalMismatch(f"{state.kafka_topic}[{state.partition}]: too many uncommitted ranges ({len(ranges)})")
-        tp = TopicPartition(state.kafka_topic, state.partition, ranges[0][0], metadata)
-        self.consumer.commit(offsets=[tp], asynchronous=False)  # raises: the batcher retries the write
-        state.pending = list(ranges)
+        chains: dict[tuple[str, int], list[Pending]] = {}
+        for topic, topic_batches in batches.items():
+            for batch in topic_batches:
+                for partition, first, last in batch:
+                    key = (self.prefix + topic, partition)
+                    chains.setdefault(key, list(self._states[key].pending)).append(Pending(first, last, batch))
+        if not chains:
+            return
+        offsets = []
+        for (kafka_topic, partition), chain in chains.items():
+            metadata = format_journal(chain)
+            if len(metadata) > JOURNAL_MAX_CHARS:
+                raise JournalMismatch(f"{kafka_topic}[{partition}]: too many uncommitted ranges ({len(chain)})")
+            offsets.append(TopicPartition(kafka_topic, partition, chain[0].first, metadata))
+        started = time.perf_counter()
+        self.consumer.commit(offsets=offsets, asynchronous=False)  # raises: the batcher retries the write
+        self.stats.stage_seconds["journal"] += time.perf_counter() - started
+        self.stats.journals += 1
+        for key, chain in chains.items():
+            self._states[key].pending = chain
 
-    def _commit(self, state: _Partition, done: Sequence[tuple[str, int, int]]) -> None:
-        """Commit the next offset of a partition whose rows are durable (dead letters delivered first)."""
+    def _commit(self, done: Sequence[tuple[str, int, int]]) -> None:
+        """Commit the next offsets of partitions whose rows are durable, all in one request (dead
+        letters delivered first). A partition no longer ours is skipped: its next owner replays."""
         from confluent_kafka import KafkaException, TopicPartition
 
         if not done:
             return
-        next_offset = max(n for _, _, n in done)
+        next_offsets: dict[tuple[str, int], int] = {}
+        for topic, partition, offset in done:
+            key = (self.prefix + topic, partition)
+            next_offsets[key] = max(offset, next_offsets.get(key, offset))
         self._deliver_dead_letters()
-        remaining = [r for r in state.pending if r[1] >= next_offset]
-        tp = TopicPartition(state.kafka_topic, state.partition, next_offset, format_journal(remaining))
-        try:
-            self.consumer.commit(offsets=[tp], asynchronous=False)
-        except KafkaException as exc:
-            # like a crash before the commit: the journal makes the redelivery rewrite the same ranges
-            self.stats.commit_failures += 1
-            log.warning("%s[%d]: commit of offset %d failed: %s", state.kafka_topic, state.partition, next_offset, exc)
+        offsets, updates = [], []
+        for key, next_offset in next_offsets.items():
+            state = self._states.get(key)
+            if state is None or (state.committed is not None and next_offset < state.committed):
+                continue
+            # never into the middle of a pending range: the journal must stay a chain from the commit
+            next_offset = min([next_offset, *(p.first for p in state.pending if p.first < next_offset <= p.last)])
+            remaining = [p for p in state.pending if p.last >= next_offset]
+            offsets.append(TopicPartition(key[0], key[1], next_offset, format_journal(remaining)))
+            updates.append((state, next_offset, remaining))
+        if not offsets:
             return
-        state.pending = remaining
-        state.committed = next_offset
+        started = time.perf_counter()
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # like a crash before the commit: the journal makes the redelivery rewrite the same batches
+            self.stats.commit_failures += 1
+            log.warning("commit of %d partition(s) failed: %s", len(offsets), exc)
+            return
+        finally:
+            self.stats.stage_seconds["commit"] += time.perf_counter() - started
+        for state, next_offset, remaining in updates:
+            state.pending = remaining
+            state.committed = next_offset
         self.stats.commits += 1
+        still_pending = {(s.topic, p.batch) for s in self._states.values() for p in s.pending}
+        self._written &= still_pending
+        self._from_journal &= still_pending
 
     # --- dead letters ----------------------------------------------------------------------------
     def _produce_dead_letters(self, dead: list[DeadLetter]) -> None:
@@ -671,14 +831,19 @@ class PrefixedClickHouseTarget:
         return self.sink.insert(topic, [(partition, first_offset, last_offset)], records, token_prefix=self.prefix,
                                 on_poison=on_poison)
 
+    def write_slices(self, topic: str, slices: Sequence[Slice],
+                     on_poison: Callable[[int, Event, str], None] | None = None) -> int:
+        slices = [s for s in slices if s.records]
+        return self.sink.insert(topic, [(s.partition, s.first, s.last) for s in slices],
+                                [r for s in slices for r in s.records], token_prefix=self.prefix, on_poison=on_poison)
+
 
 def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkConsumer:
     """Every topic of the registry into its ClickHouse table (migrations applied first)."""
     from entroloop.contract.topics import TOPICS
     from entroloop.infra.clickhouse.client import connect
-    from sinks.clickhouse.writer import ClickHouseSink
-
     from entroloop.infra.quarantine import quarantine_from_settings
+    from sinks.clickhouse.writer import ClickHouseSink
 
     client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
     # dead letters' raw bytes go to the write-once quarantine beside the audit log, never to the table
@@ -706,9 +871,9 @@ SINK_FACTORIES: dict[str, Callable[..., KafkaSinkConsumer]] = {
 }
 
 __all__ = [
+    "SINK_FACTORIES",
     "BrokerUnreachable",
     "KafkaSinkConsumer",
-    "SINK_FACTORIES",
     "SinkStats",
     "audit_sink_consumer",
     "clickhouse_sink_consumer",

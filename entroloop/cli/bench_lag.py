@@ -1,5 +1,7 @@
-"""``entroloop bench lag``: emit -> queryable lag per event (p50/p95/p99) at a stated request rate,
-through a real Kafka broker and a ClickHouse sink process (entroloop/benchmarks/lag.py)."""
+"""``entroloop bench lag``: emit -> queryable lag per event (p50/p95/p99) at stated request rates,
+through a real Kafka broker and a ClickHouse sink process, and emit -> alert / action lag through
+`entroloop worker` and `entroloop actions` (entroloop/benchmarks/lag.py); each figure the median of
+several runs."""
 
 from __future__ import annotations
 
@@ -15,20 +17,32 @@ console = Console(stderr=True)
 
 
 def lag(
-    rate: Annotated[float, typer.Option(min=1, help="Requests per second the fleet publishes.")] = 2000,
-    seconds: Annotated[float, typer.Option(min=1, help="How long the sustained run lasts.")] = 60,
+    rates: Annotated[str, typer.Option(help="Comma-separated requests/s the fleet publishes, one phase each.")] = "2000,5000",
+    seconds: Annotated[float, typer.Option(min=1, help="How long each sustained run publishes.")] = 15,
+    runs: Annotated[int, typer.Option(min=1, help="Runs per phase; a figure is their median.")] = 3,
     broker: Annotated[str | None, typer.Option("--broker", "-b", help="Kafka bootstrap HOST:PORT (default ENTROLOOP_KAFKA_BOOTSTRAP).")] = None,
-    partitions: Annotated[int, typer.Option(min=1, help="Partitions per topic (the sink writes one batch per partition).")] = 6,
-    batch_seconds: Annotated[float, typer.Option(help="The sink's batch time bound (ENTROLOOP_SINK_BATCH_SECONDS).")] = 1.0,
+    partitions: Annotated[int, typer.Option(min=1, help="Partitions per topic.")] = 6,
+    batch_seconds: Annotated[float, typer.Option(min=0.01, help="The sink's batch time bound (ENTROLOOP_SINK_BATCH_SECONDS; the oldest row of a batch waits that long, so p99 cannot be lower). 0.5 s: about two inserts per table per second.")] = 0.5,
+    alerts: Annotated[bool, typer.Option("--alerts/--no-alerts", help="Also measure emit -> alert and -> action through `entroloop worker` and `entroloop actions`.")] = True,
+    baseline_checkout: Annotated[Path | None, typer.Option(help="Also run the sink from this checkout (e.g. a worktree of the previous commit) at the first rate, in the same runs: before/after side by side.")] = None,
     out: Annotated[Path, typer.Option("--out", help="The Markdown report to update.")] = Path("BENCHMARKS.md"),
-    as_json: Annotated[bool, typer.Option("--json", help="End with the results as one JSON line.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="End with the medians as one JSON line.")] = False,
 ) -> None:
-    """Sustained fleet -> Kafka -> ClickHouse sink run; lag from emit to queryable, per event."""
+    """Sustained fleet -> Kafka -> ClickHouse sink runs; lag from emit to queryable, per event; then
+    emit -> alert and -> action through the Faust workers."""
     from entroloop.benchmarks import lag as bench
     from entroloop.benchmarks.report import write_benchmarks
     from entroloop.cli.distributed import broker_address
     from entroloop.contract.settings import load_settings
 
+    try:
+        rate_list = tuple(float(r) for r in rates.split(",") if r.strip())
+    except ValueError:
+        raise typer.BadParameter(f"--rates {rates!r}: give numbers separated by commas, e.g. 2000,5000") from None
+    if not rate_list or min(rate_list) <= 0:
+        raise typer.BadParameter("--rates: give at least one positive request rate, e.g. 2000,5000")
+    if baseline_checkout is not None and (problem := bench.checkout_problem(baseline_checkout)):
+        raise typer.BadParameter(f"--baseline-checkout: {problem}")
     bootstrap = broker_address(broker) if broker else load_settings().kafka_bootstrap
     problem = bench.broker_problem(bootstrap)
     if problem:
@@ -38,19 +52,23 @@ def lag(
         write_benchmarks(bench.not_measured(problem), out)
         return
     with console.status("lag benchmark") as status:
-        result = bench.run(bootstrap, rate=rate, seconds=seconds, partitions=partitions, batch_seconds=batch_seconds,
+        result = bench.run(bootstrap, rates=rate_list, seconds=seconds, runs=runs, partitions=partitions,
+                           batch_seconds=batch_seconds, alerts=alerts, baseline_checkout=baseline_checkout,
                            progress=lambda text: status.update(f"bench lag: {text}"))
-    table = Table("figure", "value")
-    for key in ("achieved_requests_per_s", "events_per_s", "events_sent", "events_stored", "p50_s", "p95_s", "p99_s", "max_s"):
-        value = result[key]
-        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
+    figures = bench.figures(result)
+    table = Table("figure", "median", "unit", "runs (spread)", "load")
+    for f in figures:
+        table.add_row(f.name, f.cell(), f.unit, f"{f.runs} ({f.spread})" if f.spread else str(f.runs),
+                      "" if f.load_average is None else f"{f.load_average:.1f}")
     Console().print(table)
-    if result["events_stored"] != result["events_sent"]:
-        console.print(f"[red]bench lag: {result['events_sent'] - result['events_stored']:,} events not stored[/red]")
-    write_benchmarks(bench.figures(result), out)
+    for rate, measured in result["queryable"].items():
+        if measured["lost"].high:
+            console.print(f"[red]bench lag: events not stored at {rate:,.0f} requests/s (worst run "
+                          f"{measured['lost'].high:,.0f})[/red]")
+    write_benchmarks(figures, out)
     console.print(f"updated {out}")
     if as_json:
-        print(json.dumps({k: v for k, v in result.items() if k not in ("publisher", "sink")}))
+        print(json.dumps(bench.summary(result)))
 
 
 def register(app: typer.Typer) -> None:

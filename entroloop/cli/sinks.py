@@ -26,9 +26,9 @@ UntilEmpty = Annotated[
 MaxIdle = Annotated[
     float | None, typer.Option("--max-idle-s", min=0, help="Exit after this many seconds without a message.")
 ]
-BatchRows = Annotated[int | None, typer.Option(help="Rows per write and partition (default ENTROLOOP_SINK_BATCH_ROWS).")]
+BatchRows = Annotated[int | None, typer.Option(help="Rows per insert and table, all partitions together (default ENTROLOOP_SINK_BATCH_ROWS).")]
 BatchSeconds = Annotated[
-    float | None, typer.Option(help="Longest a batch waits before its write (default ENTROLOOP_SINK_BATCH_SECONDS).")
+    float | None, typer.Option(help="Longest a batch's oldest row waits, counted from its append to Kafka, before the write (default ENTROLOOP_SINK_BATCH_SECONDS).")
 ]
 SessionTimeout = Annotated[
     float, typer.Option(min=6, help="Kafka session timeout: how soon a crashed sink's partitions move to another.")

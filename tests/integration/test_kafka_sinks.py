@@ -228,3 +228,25 @@ def test_sink_without_broker_setting_says_what_to_set(tmp_path: Path) -> None:
     message = " ".join(proc.stderr.split())
     assert proc.returncode == 2, message
     assert "ENTROLOOP_KAFKA_BOOTSTRAP" in message
+
+
+def test_a_pending_batch_member_is_read_back_from_kafka_by_offsets(kafka_bootstrap: str, topic_prefix: str) -> None:
+    """A batch member this sink does not hold (another sink owns that partition, or the cut left it
+    out) is read again from the broker, exactly its offsets, without joining the group."""
+    from entroloop.contract.settings import Settings
+    from sinks.kafka_sink import KafkaSinkConsumer
+
+    ensure_topics(kafka_bootstrap, topic_prefix, 2)
+    records = [r for q in SyntheticFleet(seed=31).requests(20) for r in q.records if isinstance(r, TokenEntropy)][:20]
+    kafka_topic = topic_prefix + TokenEntropy.topic
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    for r in records:
+        producer.produce(kafka_topic, key=r.request_id.encode(), value=codec.encode(r), partition=1)
+    assert producer.flush(30) == 0
+    sink = KafkaSinkConsumer("readback", object(), [TokenEntropy.topic],  # type: ignore[arg-type]
+                             Settings(kafka_bootstrap=kafka_bootstrap, topic_prefix=topic_prefix))
+    pairs = sink._read_range(kafka_topic, 1, 5, 14)
+    assert [o for o, _ in pairs] == list(range(5, 15))
+    assert [r.event_id for _, r in pairs] == [r.event_id for r in records[5:15]]
+    with pytest.raises(RuntimeError, match="ends before offset 40"):
+        sink._read_range(kafka_topic, 1, 15, 40, timeout=20)

@@ -75,3 +75,32 @@ def test_sinks_killed_between_write_and_commit(kafka_bootstrap: str, topic_prefi
     assert ch_lost == 0 and au_lost == 0
     assert ch_twice == 0 and au_twice == 0, "a redelivered range was stored twice"
     assert verdict.ok, [str(p) for p in verdict.problems]
+
+
+def test_table_batch_over_several_partitions_killed_before_commit(kafka_bootstrap: str, topic_prefix: str,
+                                                                   tmp_path: Path) -> None:
+    """One insert holds rows of every partition of its table (the sink batches per table): killed
+    after that insert, the restarted sink rewrites the same members under the same token."""
+    ensure_topics(kafka_bootstrap, topic_prefix, PARTITIONS)
+    records = fleet_records(120, seed=83)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for r in records:
+        producer.produce(topic_prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
+                         partition=partition_for(r.request_id, PARTITIONS))
+    assert producer.flush(60) == 0
+    env = sink_env(kafka_bootstrap, topic_prefix, tmp_path, PARTITIONS)
+    # rows bound far away and the records minutes old in Kafka: every table's first write is due at
+    # once and takes all its partitions
+    code, _, err = run_sink("clickhouse", env, "--batch-rows", "100000", "--batch-seconds", "0.5", fault_after=2)
+    assert code == -9, f"the fault hook should have SIGKILLed the sink (exit {code}):\n{err[-3000:]}"
+    code, stats, err = run_sink("clickhouse", env, "--batch-rows", "7", "--batch-seconds", "5")
+    assert code == 0, err[-3000:]
+    assert stats["replayed_rows"] > 0, stats
+    assert "rewriting" in err and "), (" in err.split("rewriting", 1)[1].splitlines()[0], (
+        "the journal should have named a batch of several partitions:\n" + err[-3000:])
+    sent = [identity(r) for r in records]
+    unique, twice, lost = check_exactly_once(sent, all_identities(clickhouse_identities(tmp_path)), "clickhouse")
+    report(Figures("sink SIGKILLed after a multi-partition table insert, before its commit", sent=len(sent),
+                   stored={"clickhouse": unique}, duplicates_absorbed=stats["replayed_rows"], lost=lost,
+                   recovery_s=0.0, note="restarted with another batch size: the journal, not the cut, decides"))
+    assert lost == 0 and twice == 0, f"lost {lost}, stored twice {twice}"

@@ -10,6 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from entroloop.benchmarks import lag
+from entroloop.benchmarks.repeats import Repeated
 from entroloop.benchmarks.report import Figure, write_benchmarks
 from entroloop.cli import app, bench
 
@@ -58,12 +59,42 @@ def test_bench_lag_without_a_broker_says_so_in_the_report(tmp_path: Path) -> Non
     assert row["value"] is None and "not measured" in row["note"] and "not reachable" in row["note"]
 
 
-def test_lag_figures_state_the_rate_and_judge_the_target() -> None:
-    result = {"rate": 5000, "seconds": 60, "requests": 300000, "events_sent": 950000, "events_stored": 950000,
-              "achieved_requests_per_s": 4990.0, "events_per_s": 15800.0, "batch_seconds": 1.0, "partitions": 6,
-              "p50_s": 0.8, "p95_s": 1.5, "p99_s": 1.9, "max_s": 2.5}
+def _repeated(*values: float) -> Repeated:
+    return Repeated(tuple(values), (0.5, 0.7))
+
+
+def _queryable(p99: tuple[float, ...], rate: float, lost: float = 0) -> dict[str, Repeated]:
+    return {"p50_s": _repeated(0.4, 0.5, 0.6), "p95_s": _repeated(0.7, 0.8, 0.9), "p99_s": _repeated(*p99),
+            "max_s": _repeated(1.0, 1.2, 1.5), "lost": _repeated(0, lost, 0),
+            "achieved_requests_per_s": _repeated(rate, rate, rate), "events_per_s": _repeated(3.2 * rate, 3.2 * rate, 3.2 * rate),
+            "inserts_per_table_s": _repeated(1.0, 1.1, 1.0)}
+
+
+def test_lag_figures_judge_each_rate_against_its_target_and_carry_the_runs() -> None:
+    result = {
+        "runs": 3, "seconds": 15, "partitions": 6, "batch_seconds": 1.0, "baseline": "",
+        "queryable": {2000.0: _queryable((0.8, 0.9, 1.4), 2000), 5000.0: _queryable((2.2, 2.5, 2.6), 5000, lost=3)},
+        "alerts": {"alert_p50_s": _repeated(0.5, 0.6, 0.7), "alert_p99_s": _repeated(1.5, 3.0, 3.5),
+                   "action_p50_s": _repeated(0.6, 0.7, 0.8), "action_p99_s": _repeated(1.8, 3.1, 3.6),
+                   "alerts": _repeated(10, 11, 12), "actions": _repeated(5, 6, 7),
+                   "achieved_requests_per_s": _repeated(2000, 2000, 2000)},
+        "details": {},
+    }
     figures = {f.name: f for f in lag.figures(result)}
-    assert figures["emit -> queryable lag p99"].met is True
-    assert figures["sustained request rate"].met is True
-    slow = {**result, "rate": 2000, "achieved_requests_per_s": 2000.0}
-    assert {f.name: f for f in lag.figures(slow)}["emit -> queryable lag p99"].met is False  # below the target rate
+    p99 = figures["emit -> queryable lag p99 at 2,000 req/s"]
+    assert (p99.value, p99.met, p99.runs, p99.spread, p99.load_average) == (0.9, True, 3, "0.8–1.4", 0.7)
+    assert figures["emit -> queryable lag p99 at 5,000 req/s"].met is False  # 2.5 s over its 2 s target
+    assert figures["events lost at 2,000 req/s"].met is True
+    assert figures["events lost at 5,000 req/s"].met is False  # one run lost events: the median hides it, met does not
+    assert figures["emit -> alert in Kafka p99 at 2,000 req/s"].met is False
+    summary = lag.summary(result)
+    assert summary["p99_s"] == 0.9 and summary["p99_s@5000"] == 2.5
+    assert (summary["alert_p50_s"], summary["alert_p99_s"], summary["action_p99_s"]) == (0.6, 3.0, 3.1)
+
+
+def test_bench_lag_refuses_bad_rates_and_a_baseline_that_is_no_checkout(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", "lag", "--rates", "fast", "--out", str(tmp_path / "B.md")])
+    assert result.exit_code != 0 and "--rates" in result.output
+    result = CliRunner().invoke(app, ["bench", "lag", "--baseline-checkout", str(tmp_path), "--out", str(tmp_path / "B.md")])
+    text = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
+    assert result.exit_code != 0 and "not an entroloop checkout" in text
