@@ -76,6 +76,7 @@ from entroloop.contract.records import DeadLetter, Event
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
+from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, EVENTS_OUT, INSERT_SECONDS, mark_commit
 from sinks.batching import SinkBatcher, Slice
 
 log = logging.getLogger("entroloop.sinks.kafka")
@@ -273,6 +274,7 @@ class KafkaSinkConsumer:
         from confluent_kafka import Consumer, Producer
 
         self.kind = kind
+        self._component = f"sink-{kind}"  # the `component` label of its Prometheus metrics
         self.target = target
         self.settings = settings
         self.prefix = settings.topic_prefix
@@ -516,6 +518,7 @@ class KafkaSinkConsumer:
             self.stats.first_message = time.monotonic()
         self.stats.messages += len(messages)
         self.stats.records += len(pairs)
+        EVENTS_IN.labels(self._component, state.topic).inc(len(messages))
 
         room = self._batcher.max_buffered_rows - self._batcher.buffered_rows
         if len(pairs) > room:
@@ -667,8 +670,11 @@ class KafkaSinkConsumer:
             return 0
         started = time.perf_counter()
         refused = self._target_write(topic, members)
-        self.stats.stage_seconds["write"] += time.perf_counter() - started
+        took = time.perf_counter() - started
+        self.stats.stage_seconds["write"] += took
+        INSERT_SECONDS.labels(f"{self.kind}:{topic}").observe(took)
         rows = sum(len(p) for _, p in members) - refused
+        EVENTS_OUT.labels(self._component, topic).inc(rows)
         self.stats.writes += 1
         self.stats.writes_by_topic[topic] = self.stats.writes_by_topic.get(topic, 0) + 1
         self.stats.rows_written += rows
@@ -783,6 +789,7 @@ class KafkaSinkConsumer:
             state.pending = remaining
             state.committed = next_offset
         self.stats.commits += 1
+        mark_commit(self._component)
         still_pending = {(s.topic, p.batch) for s in self._states.values() for p in s.pending}
         self._written &= still_pending
         self._from_journal &= still_pending
@@ -794,6 +801,7 @@ class KafkaSinkConsumer:
                                   on_delivery=self._dead_letter_delivered)
             self._dead_letters_unflushed += 1
             self.stats.dead_letters += 1
+            DEAD_LETTERS.labels(self._component, record.source_topic).inc()
         self.producer.poll(0)
 
     def _dead_letter_delivered(self, err: Any, message: Any) -> None:

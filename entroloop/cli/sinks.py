@@ -63,6 +63,9 @@ def run_sink(kind: str, settings: Any, until_empty: bool, max_idle_s: float | No
         raise typer.Exit(2)
     # subscribing to a topic that does not exist yet would wait for a metadata refresh (minutes)
     ensure_topics(settings.kafka_bootstrap, settings.topic_prefix, settings.partitions)
+    from entroloop.infra.metrics import serve_metrics
+
+    serve_metrics(settings.metrics_port)
     try:
         sink = SINK_FACTORIES[kind](settings, **options)
     except Exception as exc:  # noqa: BLE001 - settings and storage problems end in one readable line

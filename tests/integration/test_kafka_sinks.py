@@ -14,13 +14,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from confluent_kafka import Producer
 
 from collectors.synthetic_fleet import SyntheticFleet
@@ -176,13 +179,19 @@ def test_audit_sink_killed_between_write_and_commit(kafka_bootstrap: str, topic_
     check_audit(sent[Audit.topic], data_dir, absorbed=stats["replayed_rows"], scenario="audit sink SIGKILL after write")
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_sigterm_flushes_commits_and_exits_zero(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
     """Batches far from due when SIGTERM arrives are written and committed; a restart finds no journal."""
     sent = publish(kafka_bootstrap, topic_prefix, 200, seed=24)
     data_dir = tmp_path / "clickhouse"
     env = {**os.environ, "ENTROLOOP_KAFKA_BOOTSTRAP": kafka_bootstrap, "ENTROLOOP_TOPIC_PREFIX": topic_prefix,
            "ENTROLOOP_PARTITIONS": str(PARTITIONS), "ENTROLOOP_DATA_DIR": str(data_dir),
-           "ENTROLOOP_CLICKHOUSE_DSN": f"chdb://{data_dir / 'clickhouse'}"}
+           "ENTROLOOP_CLICKHOUSE_DSN": f"chdb://{data_dir / 'clickhouse'}", "ENTROLOOP_METRICS_PORT": str(port := free_port())}
     env.pop("ENTROLOOP_FAULT_KILL_AFTER_WRITE", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "entroloop.cli", "sink", "clickhouse", "--json", "--log-level", "info",
@@ -196,6 +205,7 @@ def test_sigterm_flushes_commits_and_exits_zero(kafka_bootstrap: str, topic_pref
             if "assigned" in line or time.monotonic() > deadline:
                 break
         time.sleep(3)  # let it read (nothing is due for 600 s, so nothing is written yet)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -204,6 +214,10 @@ def test_sigterm_flushes_commits_and_exits_zero(kafka_bootstrap: str, topic_pref
     assert proc.returncode == 0, err[-3000:]
     stats = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     assert stats["rows_written"] > 0 and stats["commits"] > 0, stats
+    # a Prometheus scrape (ENTROLOOP_METRICS_PORT) while it held its batches saw what it had read
+    read = sum(s.value for f in text_string_to_metric_families(metrics) for s in f.samples
+               if s.name == "entroloop_events_in_total" and s.labels["component"] == "sink-clickhouse")
+    assert 0 < read <= stats["messages"], (read, stats["messages"])
     # a restart drains the rest (if SIGTERM came early) and has no uncommitted range to replay
     code, again, err = run_sink("clickhouse", kafka_bootstrap, topic_prefix, data_dir)
     assert code == 0, err[-3000:]
