@@ -63,7 +63,7 @@ class Embedder(Protocol):
 def embed_side(embedder: Embedder, texts: list[str], side: str) -> np.ndarray:
     """Embed queries (``side="query"``) or answers (``"answer"``): an asymmetric embedder (E5's
     ``query: ``/``passage: ``) gives each side its own method; any other embeds both alike."""
-    method = getattr(embedder, f"embed_{side}s", None)
+    method = getattr(embedder, {"query": "embed_queries", "answer": "embed_answers"}[side], None)
     return method(texts) if method is not None else embedder.embed(texts)
 
 

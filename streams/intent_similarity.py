@@ -405,13 +405,20 @@ class IntentSimilarityScorer(Processor):
                     query_vectors[query] = cached
                 else:
                     missing[query] = None
-        if missing:
-            texts = list(missing)
-            for text, vector in zip(texts, embed_side(self.embedder, texts, "query"), strict=True):
-                query_vectors[text] = vector
-                self.cache.put(text, vector)
+        texts = list(missing)
         unique_answers = list(dict.fromkeys(answers))
-        answer_vectors = dict(zip(unique_answers, embed_side(self.embedder, unique_answers, "answer"), strict=True))
+        if hasattr(self.embedder, "embed_answers"):  # asymmetric: each side its own call
+            new_queries = embed_side(self.embedder, texts, "query") if texts else []
+            answer_rows = embed_side(self.embedder, unique_answers, "answer")
+        else:  # symmetric: one call for both sides, each distinct text once
+            distinct = list(dict.fromkeys([*texts, *unique_answers]))
+            by_text = dict(zip(distinct, self.embedder.embed(distinct), strict=True))
+            new_queries = [by_text[t] for t in texts]
+            answer_rows = [by_text[t] for t in unique_answers]
+        for text, vector in zip(texts, new_queries, strict=True):
+            query_vectors[text] = vector
+            self.cache.put(text, vector)
+        answer_vectors = dict(zip(unique_answers, answer_rows, strict=True))
         q = np.stack([query_vectors[t] for t in queries])
         a = np.stack([answer_vectors[t] for t in answers])
         return np.einsum("ij,ij->i", q, a)
