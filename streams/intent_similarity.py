@@ -334,8 +334,8 @@ class IntentSimilarityScorer(Processor):
 
     @classmethod
     def from_settings(cls, settings: Settings, embedder: Embedder | None = None) -> IntentSimilarityScorer:
-        model = None if settings.intent_head == "none" else load_intent_model(
-            "" if settings.intent_head == "default" else settings.intent_head)
+        model = load_intent_model("" if settings.intent_head == "bundled" else settings.intent_head) \
+            if settings.intent_head else None
         return cls(
             embedder=embedder
             or make_embedder(

