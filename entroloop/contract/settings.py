@@ -269,6 +269,13 @@ class Settings(BaseSettings):
     fallback_circuit_limit: int = Field(
         1000, ge=1, description="Circuit breaker: fallbacks in 5 minutes (per model/route/tier) that trip it."
     )
+    fallback_rate_sources: list[str] = Field(
+        ["gateway"],
+        description="Fallback sources the fallback-rate windows, SLO and circuit breaker count (JSON list; empty: "
+        "all). `gateway` (also the default of records an application publishes) by default: intent fallbacks "
+        "are derived from audits later in the stream, so counting them would make closed windows depend on "
+        "processing order; their rate is in the intent views (report, dashboard, similarity_1m).",
+    )
     window_grace_s: float = Field(
         5.0, ge=0, description="Event-time lateness accepted before a window closes (later events are counted as late)."
     )
