@@ -25,7 +25,7 @@ from entroloop.contract.records import Audit, Event, Fallback, IntentScore
 from entroloop.contract.settings import Settings
 from streams.intent_similarity import IntentSimilarityScorer, StageCounts
 
-MAX_PAIRS = 400
+MAX_PAIRS = 200
 BATCH = 64
 
 
