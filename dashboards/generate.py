@@ -445,11 +445,12 @@ SELECT time, route, q[1] AS p10, q[2] AS p50 FROM (
             unit="none", decimals=3, empty_when=no_scores,
         ),
         panel(
-            "Below-threshold (off-intent) rate by route", "timeseries",
+            "Below-threshold (off-intent) rate by language and route", "timeseries",
             f"""
-SELECT $__timeInterval(minute) AS time, route, sum(below_threshold) / sum(scores) AS off_intent_rate
+SELECT $__timeInterval(minute) AS time, concat(language, ' / ', route) AS language_route,
+       sum(below_threshold) / sum(scores) AS off_intent_rate
 FROM {DB}.similarity_1m WHERE $__timeFilter(minute) AND {MR}
-GROUP BY time, route ORDER BY time""",
+GROUP BY time, language_route ORDER BY time""",
             unit="percentunit", empty_when=no_scores,
         ),
         panel(

@@ -86,6 +86,14 @@ def summarize(client: Any, database: str, truth: FleetTruth, emitted: dict[str, 
     audit_records = sum(pq.read_metadata(io.BytesIO(store.get(k))).num_rows for k in audit_files)
     labels = {rid: set(ls) for rid, ls in rows(f"SELECT request_id, labels FROM {database}.bad_cases FINAL")}
     gateway_fallbacks = rows(f"SELECT count() FROM {database}.fallbacks FINAL WHERE source = 'gateway'")[0][0]
+    # intent scores and the share below their language's threshold (an intent fallback), per language and route
+    intent = [
+        {"language": language, "route": route, "pairs": int(n), "mean_score": round(float(mean), 4),
+         "fallback_rate": round(int(below) / int(n), 4)}
+        for language, route, n, mean, below in rows(
+            f"SELECT language, route, count(), avg(similarity), countIf(similarity < threshold) "
+            f"FROM {database}.intent_scores FINAL GROUP BY language, route ORDER BY language, route")
+    ]
     return {
         "events_emitted": emitted,
         "stored": stored,
@@ -107,4 +115,5 @@ def summarize(client: Any, database: str, truth: FleetTruth, emitted: dict[str, 
             "injected": round(truth.fallbacks / max(truth.requests, 1), 4),
             "stored": round(gateway_fallbacks / max(table_rows["audit_index"], 1), 4),
         },
+        "intent": intent,
     }

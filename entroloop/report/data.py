@@ -33,6 +33,7 @@ class ReportData:
     worst_requests: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
+    intent: list[dict[str, Any]] = field(default_factory=list)  # per language and route: scores, fallbacks
 
 
 def choose_bucket(span_s: float, buckets: int = 30) -> int:
@@ -88,6 +89,12 @@ def load_report_data(client: Any, database: str = "entroloop") -> ReportData:
         LEFT JOIN (SELECT {bucket} AS t, rule, count() AS n FROM {{db}}.alerts FINAL WHERE rule IN ({rules}) GROUP BY t, rule) AS a
             ON a.t = req.t AND a.rule = rs.rule_name
         ORDER BY req.t"""))
+    # intent fallback rate = scores below the threshold applied to their language (IntentScore.threshold)
+    data.intent = r.dicts("""
+        SELECT language, route, any(embedder) AS scorer, count() AS pairs, round(avg(similarity), 3) AS mean_score,
+               round(quantile(0.1)(similarity), 3) AS p10_score, round(any(threshold), 3) AS threshold,
+               round(countIf(similarity < threshold) / count(), 4) AS fallback_rate
+        FROM {db}.intent_scores FINAL GROUP BY language, route ORDER BY language, route""")
     data.fallback_rates = _series(r.rows(f"""
         SELECT req.t, req.route, coalesce(f.n, 0) / req.n
         FROM (SELECT {bucket} AS t, route, count() AS n FROM {{db}}.audit_index FINAL GROUP BY t, route) AS req

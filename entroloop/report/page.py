@@ -89,6 +89,7 @@ def render_page(data: ReportData, title: str = "entroloop operator report") -> s
 <p class="sub">Database <code>{escape(data.database)}</code> · events from {_when(data.start)} to {_when(data.end)} ·
 generated {_when(datetime.now(tz=timezone.utc).timestamp())}</p>
 <div class="grid">{''.join(plots)}</div>
+<section><h2>Intent similarity by language and route</h2>{_table(data.intent, "no intent score stored (intent scoring off)")}</section>
 <section><h2>Highest-entropy requests</h2>{_table(data.worst_requests, "no token entropy stored")}</section>
 <section><h2>Alert actions</h2>{_table(data.actions, "no action recorded")}</section>
 <section><h2>Dead letters</h2>{_table(data.dead_letters, "no dead letter: every record decoded")}</section>

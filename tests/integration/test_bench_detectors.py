@@ -19,6 +19,9 @@ def test_bench_detectors_json_and_report(tmp_path):
         assert set(result[name]) == {"precision", "recall", "events_per_s"}
         assert result[name]["events_per_s"] > 0
     assert result["repetition_loop"]["recall"] >= 0.95 and result["repetition_loop"]["precision"] >= 0.9
+    # intent: the default scorer, its cascade and each stage of it (pairs/s; the share each decided is in the notes)
+    for name in ("intent_similarity", "intent_similarity_cascade", "intent_stage_lexical", "intent_stage_model"):
+        assert result[name]["events_per_s"] > 0, name
     text = out.read_text()
     assert "| repetition_loop events/s (1 core)" in text and "Machine:" in text
     assert (tmp_path / "BENCH.json").exists()

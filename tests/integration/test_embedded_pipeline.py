@@ -116,6 +116,18 @@ def test_stored_fallback_rate_matches_the_injected_rate(demo):
     assert abs(rate["stored"] - rate["injected"]) <= 0.01
 
 
+def test_demo_scores_intent_per_language_and_route_in_the_light_install(demo):
+    summary = demo[1]
+    assert summary["intent_scoring"] == "on"
+    rows = summary["intent"]
+    assert {r["language"] for r in rows} == {"zh", "en"}
+    assert sum(r["pairs"] for r in rows) == summary["rows"]["intent_scores"] == summary["rows"]["audit_index"]
+    for row in rows:
+        assert 0.0 < row["mean_score"] <= 1.0 and 0.0 <= row["fallback_rate"] <= 1.0
+        # the fleet answers most requests on intent: a scorer that flags most of them is broken
+        assert row["fallback_rate"] < 0.5, row
+
+
 def test_audit_log_of_the_demo_verifies_clean(demo):
     data_dir, _ = demo
     proc = run_cli("audit", "verify", "--data-dir", str(data_dir), check=False)

@@ -7,6 +7,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from entroloop.contract.records import Alert, Health
+from entroloop.contract.settings import Settings
 from streams.fallback_rates import FallbackRateMonitor
 
 from .analytics_records import audit, fallback
@@ -134,6 +135,18 @@ def test_sources_filter() -> None:
     mon.process(fallback("a", at=T0, source="intent"))
     mon.process(fallback("b", at=T0, source="gateway"))
     assert _windows(mon.on_watermark(T0 + 60), "fallback_rate_1m")[f"{T0:.0f}"][0] == 1
+
+
+def test_by_default_intent_fallbacks_do_not_count_towards_the_serving_fallback_rate() -> None:
+    # intent fallbacks are derived from audits later in the stream: counting them made a replay of
+    # the 2,000-request demo add fallback_rate_slo alerts the live run had dropped as late
+    mon = FallbackRateMonitor.from_settings(Settings())
+    mon.process(fallback("a", at=T0, source="intent"))
+    mon.process(fallback("b", at=T0))  # the record's default source: gateway
+    assert _windows(mon.on_watermark(T0 + 120), "fallback_rate_1m")[f"{T0:.0f}"][0] == 1
+    everything = FallbackRateMonitor.from_settings(Settings(fallback_rate_sources=[]))
+    everything.process(fallback("a", at=T0, source="intent"))
+    assert _windows(everything.on_watermark(T0 + 120), "fallback_rate_1m")[f"{T0:.0f}"][0] == 1
 
 
 def test_state_is_pruned_after_windows_close() -> None:
