@@ -24,6 +24,7 @@ import itertools
 import math
 import re
 import time
+import zlib
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -310,9 +311,13 @@ class IntentSimilarityScorer(Processor):
         max_batch: int = 256,
         model: IntentModel | None = None,
         cascade: bool = False,
+        sample_rate: float = 1.0,
     ) -> None:
         if fallback_threshold > satisfied_threshold:
             raise ValueError("fallback_threshold must not exceed satisfied_threshold")
+        if not 0 < sample_rate <= 1:
+            raise ValueError("sample_rate must be in (0, 1]")
+        self.sample_rate = sample_rate
         self.embedder = embedder
         self.model = model
         self.cascade = cascade and model is not None
@@ -352,6 +357,7 @@ class IntentSimilarityScorer(Processor):
             cache_size=settings.intent_cache_size,
             model=model,
             cascade=settings.intent_cascade,
+            sample_rate=settings.intent_sample_rate,
         )
 
     def threshold_for(self, language: str) -> float:
@@ -423,12 +429,19 @@ class IntentSimilarityScorer(Processor):
         a = np.stack([answer_vectors[t] for t in answers])
         return np.einsum("ij,ij->i", q, a)
 
+    def sampled(self, request_id: str) -> bool:
+        """Whether ``request_id`` is in the scored sample: a hash of the id, so every worker, a
+        replay and a redelivery choose the same requests (no random state to lose)."""
+        if self.sample_rate >= 1.0:
+            return True
+        return zlib.crc32(request_id.encode()) % 1_000_000 < self.sample_rate * 1_000_000
+
     def process(self, record: Event) -> list[Event]:
         return self.process_batch([record])
 
     def process_batch(self, records: Sequence[Event]) -> list[Event]:
         # a large audit in parts is scored once, on its first part: intent shows at the start
-        audits = [r for r in records if isinstance(r, Audit) and not r.part_index]
+        audits = [r for r in records if isinstance(r, Audit) and not r.part_index and self.sampled(r.request_id)]
         out: list[Event] = []
         for i in range(0, len(audits), self.max_batch):
             out.extend(self._score(audits[i : i + self.max_batch]))

@@ -71,7 +71,7 @@ def run(requests: int = 3000, seed: int = 11, with_intent: bool | None = None, p
     reqs = list(fleet.requests(requests))
     labels = {q.labels.request_id: q.labels for q in reqs}
     records = [r for q in reqs for r in q.records]
-    settings = Settings()
+    settings = Settings(intent_sample_rate=1.0)  # quality over every pair, not the serving sample
     results: dict[str, dict[str, Any]] = {}
     for processor in default_processors(settings, with_intent=with_intent):
         progress(processor.name)

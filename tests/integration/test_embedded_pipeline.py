@@ -121,7 +121,9 @@ def test_demo_scores_intent_per_language_and_route_in_the_light_install(demo):
     assert summary["intent_scoring"] == "on"
     rows = summary["intent"]
     assert {r["language"] for r in rows} == {"zh", "en"}
-    assert sum(r["pairs"] for r in rows) == summary["rows"]["intent_scores"] == summary["rows"]["audit_index"]
+    assert sum(r["pairs"] for r in rows) == summary["rows"]["intent_scores"]
+    # ENTROLOOP_INTENT_SAMPLE_RATE (default 0.1) of the requests, chosen by request id
+    assert 0.05 * summary["rows"]["audit_index"] <= summary["rows"]["intent_scores"] <= 0.2 * summary["rows"]["audit_index"]
     for row in rows:
         assert 0.0 < row["mean_score"] <= 1.0 and 0.0 <= row["fallback_rate"] <= 1.0
         # the fleet answers most requests on intent: a scorer that flags most of them is broken

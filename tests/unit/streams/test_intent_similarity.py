@@ -192,3 +192,17 @@ def test_property_best_threshold_beats_every_candidate(samples: list[tuple[float
     assert balanced(threshold) == pytest.approx(best)  # the returned threshold achieves it
     for t in [*scores, 2.0]:
         assert balanced(t) <= best + 1e-9
+
+
+def test_a_sample_of_requests_is_scored_the_same_on_every_worker_and_replay() -> None:
+    audits = [audit(f"req-{i}", prompt="weather:today?", response="weather:sunny") for i in range(2000)]
+    sampled = IntentSimilarityScorer(FakeEmbedder(), sample_rate=0.1)
+    scored = {s.request_id for s in sampled.process_batch(audits) if isinstance(s, IntentScore)}
+    assert 150 <= len(scored) <= 250  # ~10%
+    # another worker (or a replay) picks exactly the same requests, one at a time or in a batch
+    again = IntentSimilarityScorer(FakeEmbedder(), sample_rate=0.1)
+    assert {s.request_id for a in audits for s in again.process(a) if isinstance(s, IntentScore)} == scored
+    everything = IntentSimilarityScorer(FakeEmbedder())
+    assert len([s for s in everything.process_batch(audits) if isinstance(s, IntentScore)]) == 2000
+    with pytest.raises(ValueError):
+        IntentSimilarityScorer(FakeEmbedder(), sample_rate=0.0)
