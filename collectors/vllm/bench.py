@@ -12,9 +12,9 @@ intermediate 4864, vocabulary 151,936, bfloat16), where the step costs what a sm
 does; both cached under ~/.cache/entroloop/bench-models by a content key. On a CPU the figures are
 CPU figures; the ≥ 0.99× target is a GPU target.
 
-Each round runs every variant once (order alternating between rounds); ``run`` repeats rounds with
-``entroloop.benchmarks.repeats`` and also times the entropy reduction alone on this machine — on
-CUDA including the fused Triton kernel (``collectors.vllm.fused_entropy``).
+``run_round`` runs every variant once and ``round_figures`` turns that into ratios and the tap's
+per-step overhead; ``entroloop.benchmarks.collector`` repeats rounds and times the entropy
+reduction alone (on CUDA including the fused Triton kernel).
 """
 
 from __future__ import annotations
@@ -24,18 +24,15 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 VARIANTS = ("plain", "tap", "top20")
 PASSES = 2  # timed passes per engine process (the faster one counts)
-DEFAULT_RUNS = 3
 LM_HEAD_GAIN = 15.0  # mean exact entropy of a few nats, as trained chat models show
 MODEL_CACHE = Path.home() / ".cache" / "entroloop" / "bench-models"
 BUILDER_VERSION = 2  # bump when build_model changes what it writes (the cache key includes it)
@@ -306,76 +303,6 @@ def round_figures(work: Workload, results: dict) -> tuple[dict[str, float], dict
             details["top20_entropy_abs_error_mean"] = sum(errors) / len(errors) if errors else None
             details["top20_entropy_abs_error_max"] = max(errors) if errors else None
     return numbers, details
-
-
-def run(work: Workload, runs: int = DEFAULT_RUNS, python: str = sys.executable, model: Path | None = None,
-        progress: Callable[[str], None] = lambda message: None) -> dict:
-    """``runs`` rounds of every variant (each variant in a fresh process, the order alternating from
-    round to round so a slow drift of the machine does not favour one); the median, spread and load
-    of each figure across rounds, and the tap's reduction alone on this machine."""
-    from entroloop.benchmarks.repeats import repeat_many
-
-    model = model or cached_model(work)
-    details: dict = {}
-    round_no = 0
-
-    def one_round() -> dict[str, float]:
-        nonlocal round_no
-        order = work.variants if round_no % 2 == 0 else tuple(reversed(work.variants))
-        round_no += 1
-        progress(f"{work.shape}: round {round_no}/{runs} ({' / '.join(order)}, one engine process each)")
-        with tempfile.TemporaryDirectory(prefix="entroloop-bench-") as scratch:
-            numbers, round_details = round_figures(work, run_round(work, model, Path(scratch), python, order))
-        details.update({k: v for k, v in round_details.items() if k not in details or v is not None})
-        return numbers
-
-    repeated = repeat_many(one_round, runs)
-    progress(f"{work.shape}: timing the entropy reduction alone")
-    return {"workload": asdict(work), "steps": work.steps, "repeated": repeated, "details": details,
-            "reduction": reduction_timings(work.max_num_seqs, work.vocab, runs=runs)}
-
-
-def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: int = 30) -> dict:
-    """µs per call of each entropy reduction on ``[rows, vocab]`` float32 logits, on this machine's
-    CPU and, when CUDA is available, on the GPU (the fused Triton kernel there). Median of ``calls``
-    calls per run, repeated ``runs`` times."""
-    import torch
-
-    from collectors.vllm.entropy import entropy_per_row
-    from collectors.vllm.fused_entropy import (
-        entropy_per_row_chunked,
-        entropy_per_row_shifted,
-        entropy_per_row_triton,
-        triton_available,
-    )
-    from entroloop.benchmarks.repeats import repeat
-
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    timings: dict = {}
-    for device in devices:
-        gen = torch.Generator().manual_seed(0)
-        logits = (torch.randn(rows, vocab, generator=gen) * 4).to(device)
-        candidates = {"reference": entropy_per_row, "fused_torch_one_chunk": entropy_per_row_shifted,
-                      "fused_torch_chunked": entropy_per_row_chunked}
-        if device == "cuda" and triton_available():
-            candidates["fused_triton"] = entropy_per_row_triton
-        for name, fn in candidates.items():
-            fn(logits)  # warm-up (and the Triton compile)
-
-            def measure(fn=fn, device=device, logits=logits) -> float:
-                samples = []
-                for _ in range(calls):
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    fn(logits)
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    samples.append((time.perf_counter() - start) * 1e6)
-                return statistics.median(samples)
-
-            timings[f"{device}:{name}"] = repeat(measure, runs)
-    return timings
 
 
 if __name__ == "__main__":

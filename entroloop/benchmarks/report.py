@@ -68,8 +68,8 @@ def machine() -> str:
 HOW_TO = {
     "detectors": "`entroloop bench detectors` — processors over the synthetic fleet on one core; precision/recall against the fleet's injected labels.",
     "sinks": "`entroloop bench sinks` — one sink process inserting into chDB; Parquet writing; audit verification.",
-    "collector": "`entroloop bench collector` — the same engine and workload without the entropy tap, with it, and with top-20 logprobs + host entropy.",
-    "publisher": "`entroloop bench publisher` — hot-path enqueue latency and throughput of the serving-side publisher.",
+    "collector": "`entroloop bench collector` — the same engine and workload without the entropy tap, with it, and with top-20 logprobs + host entropy, for a tiny model and one of Qwen2.5-0.5B's shape (random weights); the entropy reduction alone per form.",
+    "publisher": "`entroloop bench publisher` — hot-path enqueue latency and throughput of the serving-side publisher, against a bare confluent-kafka Producer in the same runs.",
     "lag": "`entroloop bench lag` — emit → queryable lag per event through the pipeline at a fixed request rate.",
 }
 

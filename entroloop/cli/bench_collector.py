@@ -3,7 +3,7 @@ with the common practice (top-20 logprobs + entropy on the host), for a tiny mod
 real model's shape, repeated; plus the entropy reduction alone (and, on CUDA, the fused kernel).
 
 Needs the ML environment (.venv-ml: torch + the vLLM CPU build, ``scripts/install_ml_env.sh``);
-the command itself imports neither until it runs.
+the command itself imports neither until it runs. The rounds and their repetition: ``entroloop.benchmarks.collector``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def collector(
                       "then .venv-ml/bin/entroloop bench collector[/red]")
         raise typer.Exit(2)
     from collectors.vllm import bench
+    from entroloop.benchmarks import collector as rounds
 
     shapes = shape or list(bench.SHAPES)
     unknown = [s for s in shapes if s not in bench.SHAPES]
@@ -62,7 +63,7 @@ def collector(
             work = bench.SHAPES[name]
             work = replace(work, requests=requests or work.requests, max_tokens=max_tokens or work.max_tokens)
             status.update(f"{name}: building or loading the model")
-            results[name] = bench.run(work, runs=runs, model=model, progress=status.update)
+            results[name] = rounds.run(work, runs=runs, model=model, progress=status.update)
     for name, result in results.items():
         _print(name, result)
     _write_report(results, out)
@@ -78,7 +79,8 @@ def _jsonable(result: dict) -> dict:
         "details": result["details"],
         **{key: {"median": m.median, "values": list(m.values), "load_average": m.load_average}
            for key, m in result["repeated"].items()},
-        "reduction_us": {key: {"median": m.median, "values": list(m.values)} for key, m in result["reduction"].items()},
+        "reduction_us": {key: {"median": m.median, "values": list(m.values), "load_average": m.load_average}
+                         for key, m in result["reduction"].items()},
     }
 
 
@@ -127,7 +129,8 @@ def _write_report(results: dict, out: Path) -> None:
             target, met = (f">= {TAP_TARGET_RATIO_CPU_REALISTIC} (CPU)", ratio >= TAP_TARGET_RATIO_CPU_REALISTIC) \
                 if realistic else (f">= {TAP_TARGET_RATIO} (GPU target; this is a CPU figure)", None)
             rows.append(figure(section, f"{name}: entropy tap / plain", rep["tap_ratio"], "×", target=target, met=met,
-                               baseline="ratio taken per round (plain and tap in the same round)"))
+                               baseline="ratio taken per round (plain and tap in the same round)",
+                               note=_noise_note(rep["tap_ratio"])))
             rows.append(figure(section, f"{name}: entropy tap overhead per engine step", rep["tap_overhead_us_per_step"],
                                "µs", note="(tap step - plain step) per round; CPU"))
         if "top20_ratio" in rep:
@@ -151,6 +154,14 @@ def _write_report(results: dict, out: Path) -> None:
                            note="not measured: no CUDA device here; the kernel is tested against the reference "
                            "on the CPU (TRITON_INTERPRET=1); `entroloop bench collector` times it on a GPU"))
     write_benchmarks(rows, out)
+
+
+def _noise_note(ratio) -> str:
+    """Say so when the rounds disagree by more than the tap costs: the median alone would overclaim."""
+    if ratio.runs > 1 and ratio.high - ratio.low > abs(1.0 - ratio.median):
+        return (f"the rounds disagree by more than the tap's cost ({ratio.spread()}, load average "
+                f"{ratio.load_average:.1f}): re-measure on a quiet machine before trusting the median")
+    return ""
 
 
 def _tap_choice(device: str) -> str:

@@ -131,3 +131,11 @@ def test_the_report_judges_the_realistic_shape_against_its_cpu_target(tmp_path: 
     _write_report({"qwen2.5-0.5b": result("qwen2.5-0.5b", (0.95, 0.96, 0.99))}, out)
     rows = {f["name"]: f for f in json.loads(out.with_suffix(".json").read_text())["collector"]}
     assert rows["qwen2.5-0.5b: entropy tap / plain"]["met"] is False
+
+
+def test_a_ratio_whose_rounds_disagree_more_than_the_tap_costs_says_so() -> None:
+    from entroloop.benchmarks.repeats import Repeated
+    from entroloop.cli.bench_collector import _noise_note
+
+    assert "re-measure on a quiet machine" in _noise_note(Repeated((0.999, 1.018, 1.135), (10.9,)))
+    assert _noise_note(Repeated((0.95, 0.952, 0.955), (0.5,))) == ""  # 5 % cost, 0.5 % spread
