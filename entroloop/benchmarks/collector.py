@@ -20,6 +20,8 @@ from pathlib import Path
 from collectors.vllm.bench import Workload, cached_model, round_figures, run_round
 from entroloop.benchmarks.repeats import DEFAULT_RUNS, repeat, repeat_many
 
+LOGIT_SCALE = 20.0
+
 
 def run(work: Workload, runs: int = DEFAULT_RUNS, python: str = sys.executable, model: Path | None = None,
         progress: Callable[[str], None] = lambda message: None) -> dict:
@@ -64,7 +66,8 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
     timings: dict = {}
     for device in devices:
         gen = torch.Generator().manual_seed(0)
-        logits = (torch.randn(rows, vocab, generator=gen) * 4).to(device)
+        # scale 20: a confident model's long tail, a quarter of the logits where exp() is subnormal
+        logits = (torch.randn(rows, vocab, generator=gen) * LOGIT_SCALE).to(device)
         candidates = {"reference": entropy_per_row, "fused_torch_one_chunk": entropy_per_row_shifted,
                       "fused_torch_chunked": entropy_per_row_chunked}
         if device == "cuda" and triton_available():
