@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from collectors.vllm.entropy import HostTransfer, entropy_per_row
+from collectors.vllm.entropy import HostTransfer
+from collectors.vllm.fused_entropy import entropy_function
 from collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, ShippedChunk, credit
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class EntropyTap:
         self.emit = emit
         self.ledger = RowLedger(chunk_tokens=chunk_tokens)
         self.transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
+        self.entropy = entropy_function(device)  # fused on CUDA (collectors.vllm.fused_entropy)
         self.steps = 0
 
     # --- called by the adapter ---------------------------------------------------------------
@@ -63,7 +65,7 @@ class EntropyTap:
         if not any(entry is not None for entry in snapshot):
             return
         with torch.no_grad():
-            values = entropy_per_row(logits)
+            values = self.entropy(logits)
         self.transfer.submit(values, snapshot)
         self.steps += 1
 

@@ -15,6 +15,7 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Figure:
     load_average: float | None = None  # 1-minute load average seen while measuring
 
     @classmethod
-    def repeated(cls, section: str, name: str, measured, unit: str, **kwargs) -> "Figure":
+    def repeated(cls, section: str, name: str, measured, unit: str, **kwargs) -> Figure:
         """A figure from a :class:`~entroloop.benchmarks.repeats.Repeated` measurement."""
         return cls(
             section, name, measured.median, unit, runs=measured.runs, spread=measured.spread(),
@@ -67,8 +68,8 @@ def machine() -> str:
 HOW_TO = {
     "detectors": "`entroloop bench detectors` — processors over the synthetic fleet on one core; precision/recall against the fleet's injected labels.",
     "sinks": "`entroloop bench sinks` — one sink process inserting into chDB; Parquet writing; audit verification.",
-    "collector": "`entroloop bench collector` — the same engine and workload without the entropy tap, with it, and with top-20 logprobs + host entropy.",
-    "publisher": "`entroloop bench publisher` — hot-path enqueue latency and throughput of the serving-side publisher.",
+    "collector": "`entroloop bench collector` — the same engine and workload without the entropy tap, with it, and with top-20 logprobs + host entropy, for a tiny model and one of Qwen2.5-0.5B's shape (random weights); the entropy reduction alone per form.",
+    "publisher": "`entroloop bench publisher` — hot-path enqueue latency and throughput of the serving-side publisher, against a bare confluent-kafka Producer in the same runs.",
     "workers": "`entroloop bench workers` — `entroloop worker` (Faust) and a plain confluent-kafka loop with the same processors draining the same fleet events, one process each.",
     "lag": "`entroloop bench lag` — emit → queryable lag per event through the pipeline at a fixed request rate.",
 }
@@ -77,24 +78,33 @@ HOW_TO = {
 def write_benchmarks(figures: list[Figure], path: Path = Path("BENCHMARKS.md")) -> Path:
     """Merge ``figures`` into ``path`` (sections present in ``figures`` are replaced)."""
     data_path = path.with_suffix(".json")
-    stored: dict[str, list[dict]] = json.loads(data_path.read_text()) if data_path.exists() else {}
+    stored: dict[str, Any] = json.loads(data_path.read_text()) if data_path.exists() else {}
     sections = {f.section for f in figures}
+    here, today = machine(), time.strftime("%Y-%m-%d")
+    measured = stored.setdefault("_measured", {})
     for section in sections:
         stored[section] = [asdict(f) for f in figures if f.section == section]
-    stored["_machine"] = [{"machine": machine(), "date": time.strftime("%Y-%m-%d")}]
+        measured[section] = {"machine": here, "date": today}
+    stored["_machine"] = [{"machine": here, "date": today}]
     data_path.write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n")
 
     lines = [
         "# Benchmarks",
         "",
         "Written by `entroloop bench ...` (`entroloop bench all` rewrites every section); do not edit by hand.",
-        f"Machine: {stored['_machine'][0]['machine']} (measured {stored['_machine'][0]['date']}).",
+        f"Machine: {here} (last written {today}); each section says when and, if elsewhere, where it was measured.",
         "A figure measured several times is the median of its runs, with their spread (lowest–highest) and",
         "the highest 1-minute load average seen while measuring; ratios compare variants measured in the same run.",
         "",
     ]
     for section in sorted(k for k in stored if not k.startswith("_")):
         lines += [f"## {section}", "", HOW_TO.get(section.lower(), ""), ""]
+        when = stored["_measured"].get(section)
+        if when is None:
+            lines += ["Measured: unknown (written before sections carried their date).", ""]
+        else:
+            where = "" if when["machine"] == here else f" on {when['machine']}"
+            lines += [f"Measured {when['date']}{where}.", ""]
         lines += [
             "| figure | measured | unit | runs (spread) | load | target | met | baseline / note |",
             "|---|---|---|---|---|---|---|---|",

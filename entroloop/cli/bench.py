@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -42,45 +44,54 @@ def detectors(
 
 @bench_app.command("all")
 def run_all(out: Out = Path("BENCHMARKS.md")) -> None:
-    """Run every benchmark and rewrite BENCHMARKS.md.
+    """Run every benchmark and rewrite BENCHMARKS.md with this run's figures only.
 
     One benchmark that cannot run here (no broker, no ML environment) or fails does not stop the
-    others: its section says why it has no figure (figures of an earlier run are kept, marked so).
+    others: its section says why it has no figure. Figures of earlier runs are dropped, not kept:
+    a reader of a file written by `bench all` can take every figure as measured in that run, on the
+    machine it names (git keeps the earlier ones). The run writes into a scratch copy and replaces
+    ``out`` (and its .json) only at the end, so an interrupted run leaves the old file whole.
     """
     failed: list[str] = []
-    for name, command in BENCHMARKS.items():
-        console.rule(name)
-        try:
-            command(out=out)
-        except (typer.Exit, SystemExit) as exc:
-            code = getattr(exc, "exit_code", getattr(exc, "code", 0))
-            if code:
+    with tempfile.TemporaryDirectory(prefix="entroloop-bench-all-") as scratch:
+        fresh = Path(scratch) / out.name
+        for name, command in BENCHMARKS.items():
+            console.rule(name)
+            try:
+                command(out=fresh)
+            except (typer.Exit, SystemExit) as exc:
+                code = getattr(exc, "exit_code", getattr(exc, "code", 0))
+                if code:
+                    failed.append(name)
+                    _not_measured(name, f"`entroloop bench {name}` exited with {code} here (see its message)", fresh)
+                    continue
+            except Exception as exc:  # noqa: BLE001 - reported in the file and on stderr, the run goes on
                 failed.append(name)
-                _not_measured(name, f"`entroloop bench {name}` exited with {code} here (see its message)", out)
-        except Exception as exc:  # noqa: BLE001 - reported in the file and on stderr, the run goes on
-            failed.append(name)
-            console.print(f"[red]bench {name} failed: {type(exc).__name__}: {exc}[/red]")
-            _not_measured(name, f"failed: {type(exc).__name__}: {str(exc)[:200]}", out)
+                console.print(f"[red]bench {name} failed: {type(exc).__name__}: {exc}[/red]")
+                _not_measured(name, f"failed: {type(exc).__name__}: {str(exc)[:200]}", fresh)
+                continue
+            if not _wrote_section(name, fresh):
+                failed.append(name)
+                _not_measured(name, f"`entroloop bench {name}` ran but wrote no figures", fresh)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for source, target in ((fresh.with_suffix(".json"), out.with_suffix(".json")), (fresh, out)):
+            shutil.copyfile(source, target)
+    console.print(f"rewrote {out}")
     if failed:
         console.print(f"[yellow]not measured in this run: {', '.join(failed)}[/yellow]")
 
 
-def _not_measured(name: str, reason: str, out: Path) -> None:
-    """Say in BENCHMARKS.md why ``name`` has no new figure; keep an earlier run's figures, marked."""
-    from dataclasses import replace
+def _wrote_section(name: str, out: Path) -> bool:
+    data_path = out.with_suffix(".json")
+    stored = json.loads(data_path.read_text()) if data_path.exists() else {}
+    return any(section.lower() == name.lower() for section in stored)
 
+
+def _not_measured(name: str, reason: str, out: Path) -> None:
+    """Say in the report why ``name`` has no figure in this run (no earlier figure is carried over)."""
     from entroloop.benchmarks.report import Figure
 
-    data_path = out.with_suffix(".json")
-    stored = json.loads(data_path.read_text()).get(name, []) if data_path.exists() else []
-    earlier = [Figure(**d) for d in stored if d.get("value") is not None]
-    if earlier:
-        note = f"from an earlier run; not re-measured by `bench all`: {reason}"
-        first_note = earlier[0].note.split("from an earlier run")[0].rstrip("; ")
-        figures = [replace(earlier[0], note="; ".join(x for x in (first_note, note) if x)), *earlier[1:]]
-    else:
-        figures = [Figure(name, "not measured", None, "", note=reason)]
-    write_benchmarks(figures, out)
+    write_benchmarks([Figure(name, "not measured in this run", None, "", note=reason)], out)
 
 
 # name -> command; other modules add theirs through `add_benchmark`

@@ -1,10 +1,17 @@
-"""The common-practice baseline of `entroloop bench collector`: entropy from top-k logprobs."""
+"""`entroloop bench collector` without an engine: the top-k baseline's entropy, the workloads, the
+model cache, one round's figures and the report."""
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import asdict, replace
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
+from collectors.vllm import bench
 from collectors.vllm.bench import topk_entropy
 
 
@@ -22,3 +29,113 @@ def test_topk_entropy_underestimates_flat_distributions() -> None:
     flat = logprobs([1 / 1000] * 20)
     assert math.isclose(topk_entropy(flat), math.log(20))
     assert math.log(1000) - topk_entropy(flat) > 3.9
+
+
+# --- the workloads, the model cache and one round's figures (no engine) -----------------------
+
+
+def test_the_realistic_shape_is_qwen2_5_0_5b() -> None:
+    work = bench.SHAPES["qwen2.5-0.5b"]
+    assert (work.hidden, work.layers, work.heads, work.kv_heads, work.intermediate, work.vocab) == (
+        896, 24, 14, 2, 4864, 151_936)
+    assert work.variants == ("plain", "tap")
+
+
+def test_a_workload_survives_the_json_hop_to_the_variant_process() -> None:
+    work = bench.SHAPES["qwen2.5-0.5b"]
+    assert bench.Workload(**json.loads(json.dumps(asdict(work)))) == work
+    assert work.steps == 32 and replace(work, requests=9).steps == 64  # a second wave of requests
+
+
+@pytest.mark.parametrize("bad", [{"variants": ("tap",)}, {"variants": ("plain", "beam")}, {"heads": 3},
+                                 {"kv_heads": 3}])
+def test_an_impossible_workload_is_refused(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        replace(bench.SHAPES["tiny"], **bad)
+
+
+def test_the_model_cache_key_follows_the_weights_not_the_batch() -> None:
+    tiny = bench.SHAPES["tiny"]
+    assert bench.model_key(tiny) == bench.model_key(replace(tiny, requests=99, max_tokens=3))
+    assert bench.model_key(tiny) != bench.model_key(replace(tiny, vocab=32001))
+    assert bench.model_key(tiny) != bench.model_key(replace(tiny, dtype="bfloat16"))
+
+
+def test_a_model_is_built_once_and_never_found_half_written(tmp_path: Path, monkeypatch) -> None:
+    built: list[Path] = []
+
+    def fake_build(folder: Path, work) -> Path:
+        built.append(folder)
+        (folder / "config.json").write_text("{}")
+        return folder
+
+    monkeypatch.setattr(bench, "build_model", fake_build)
+    first = bench.cached_model(bench.SHAPES["tiny"], cache=tmp_path)
+    assert bench.cached_model(bench.SHAPES["tiny"], cache=tmp_path) == first and len(built) == 1
+    assert first.name.startswith("tiny-") and (first / "config.json").exists()
+
+    def failing_build(folder: Path, work) -> Path:
+        (folder / "model.safetensors").write_text("half")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(bench, "build_model", failing_build)
+    with pytest.raises(RuntimeError):
+        bench.cached_model(replace(bench.SHAPES["tiny"], seed=1), cache=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]  # nothing half-written left
+
+
+def test_one_round_gives_ratios_and_the_per_step_overhead() -> None:
+    work = replace(bench.SHAPES["tiny"], requests=8, max_tokens=10)  # 10 steps
+    results = {
+        "plain": {"tokens_per_s": 100.0, "step_us": 80_000.0},
+        "tap": {"tokens_per_s": 98.0, "step_us": 81_632.0, "exact": {"bench-0": [1.0, 3.0], "bench-1": [2.0]}},
+        "top20": {"tokens_per_s": 60.0, "logprob_bytes_per_request": 5000.0,
+                  "host_entropies": {"bench-0": [0.5, 2.0], "bench-1": [2.0]}},
+    }
+    numbers, details = bench.round_figures(work, results)
+    assert numbers["tap_ratio"] == pytest.approx(0.98) and numbers["top20_ratio"] == pytest.approx(0.6)
+    assert numbers["tap_overhead_us_per_step"] == pytest.approx(1632.0)
+    assert details["top20_entropy_abs_error_mean"] == pytest.approx(0.5)  # (0.5 + 1.0 + 0.0) / 3
+    assert details["top20_entropy_abs_error_max"] == pytest.approx(1.0)
+    assert details["exact_entropy_mean"] == pytest.approx(2.0) and details["tap_requests_shipped"] == 2
+    plain_and_tap, _ = bench.round_figures(work, {k: results[k] for k in ("plain", "tap")})
+    assert "top20_ratio" not in plain_and_tap
+
+
+def test_the_report_judges_the_realistic_shape_against_its_cpu_target(tmp_path: Path) -> None:
+    from entroloop.benchmarks.repeats import Repeated
+    from entroloop.cli.bench_collector import _write_report
+
+    def rep(*values: float) -> Repeated:
+        return Repeated(values, (0.5, 0.7))
+
+    def result(shape: str, ratios: tuple[float, ...]) -> dict:
+        work = bench.SHAPES[shape]
+        repeated = {"plain_tokens_per_s": rep(50, 51, 52), "plain_step_us": rep(1e5, 1e5, 1e5),
+                    "tap_tokens_per_s": rep(49, 50, 51), "tap_ratio": rep(*ratios),
+                    "tap_overhead_us_per_step": rep(900, 1000, 1100)}
+        return {"workload": asdict(work), "steps": work.steps, "repeated": repeated, "details": {},
+                "reduction": {"cpu:fused_torch_one_chunk": rep(700, 710, 720), "cpu:reference": rep(900, 910, 920)}}
+
+    out = tmp_path / "BENCHMARKS.md"
+    _write_report({"tiny": result("tiny", (0.7, 0.8, 0.9)), "qwen2.5-0.5b": result("qwen2.5-0.5b", (0.97, 0.99, 0.995))},
+                  out)
+    rows = {f["name"]: f for f in json.loads(out.with_suffix(".json").read_text())["collector"]}
+    realistic = rows["qwen2.5-0.5b: entropy tap / plain"]
+    assert realistic["value"] == 0.99 and realistic["met"] is True and realistic["runs"] == 3
+    assert realistic["spread"] == "0.97–0.995" and realistic["load_average"] == 0.7
+    assert rows["tiny: entropy tap / plain"]["met"] is None  # a CPU figure against a GPU target: not judged
+    assert rows["qwen2.5-0.5b: entropy tap overhead per engine step"]["value"] == 1000
+    assert "the tap's choice" in rows["qwen2.5-0.5b: entropy reduction alone, fused_torch_one_chunk on CPU"]["note"]
+    assert rows["fused Triton entropy kernel on a GPU"]["value"] is None  # said, not hidden
+    _write_report({"qwen2.5-0.5b": result("qwen2.5-0.5b", (0.95, 0.96, 0.99))}, out)
+    rows = {f["name"]: f for f in json.loads(out.with_suffix(".json").read_text())["collector"]}
+    assert rows["qwen2.5-0.5b: entropy tap / plain"]["met"] is False
+
+
+def test_a_ratio_whose_rounds_disagree_more_than_the_tap_costs_says_so() -> None:
+    from entroloop.benchmarks.repeats import Repeated
+    from entroloop.cli.bench_collector import _noise_note
+
+    assert "re-measure on a quiet machine" in _noise_note(Repeated((0.999, 1.018, 1.135), (10.9,)))
+    assert _noise_note(Repeated((0.95, 0.952, 0.955), (0.5,))) == ""  # 5 % cost, 0.5 % spread

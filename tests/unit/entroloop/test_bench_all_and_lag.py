@@ -29,17 +29,53 @@ def test_bench_all_reports_a_benchmark_that_cannot_run_and_runs_the_rest(tmp_pat
         ran.append("works")
         write_benchmarks([Figure("works", "speed", 3.0, "x/s")], out)
 
-    # an earlier run measured "needs_ml": its figures stay, marked as not re-measured
-    write_benchmarks([Figure("needs_ml", "ratio", 0.98, "×", note="CPU")], out)
-    monkeypatch.setattr(bench, "BENCHMARKS", {"needs_ml": needs_ml, "crashes": crashes, "works": works})
+    def writes_nothing(out: Path) -> None:
+        ran.append("writes_nothing")
+
+    # an earlier run measured "needs_ml" and a benchmark that no longer exists: bench all drops both
+    write_benchmarks([Figure("needs_ml", "ratio", 0.98, "×", note="CPU"), Figure("gone", "speed", 1.0, "x/s")], out)
+    monkeypatch.setattr(bench, "BENCHMARKS", {"needs_ml": needs_ml, "crashes": crashes, "works": works,
+                                              "writes_nothing": writes_nothing})
     bench.run_all(out=out)
-    assert ran == ["works"]
+    assert ran == ["works", "writes_nothing"]
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["works"][0]["value"] == 3.0
-    assert data["needs_ml"][0]["value"] == 0.98 and "not re-measured" in data["needs_ml"][0]["note"]
+    assert [f["value"] for f in data["needs_ml"]] == [None] and "exited with 2" in data["needs_ml"][0]["note"]
     assert data["crashes"][0]["value"] is None and "RuntimeError: boom" in data["crashes"][0]["note"]
+    assert data["writes_nothing"][0]["value"] is None and "wrote no figures" in data["writes_nothing"][0]["note"]
+    assert "gone" not in data
     text = out.read_text()
-    assert "## crashes" in text and "n/a" in text
+    assert "## crashes" in text and "not measured in this run" in text and "0.98" not in text and "## gone" not in text
+
+
+def test_bench_all_interrupted_leaves_the_old_report_whole(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "BENCHMARKS.md"
+    write_benchmarks([Figure("old", "speed", 2.0, "x/s")], out)
+    before = out.read_text()
+
+    def interrupted(out: Path) -> None:
+        write_benchmarks([Figure("first", "speed", 1.0, "x/s")], out)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "BENCHMARKS", {"first": interrupted})
+    try:
+        bench.run_all(out=out)
+    except KeyboardInterrupt:
+        pass
+    assert out.read_text() == before
+
+
+def test_each_section_says_when_it_was_measured(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "BENCHMARKS.md"
+    write_benchmarks([Figure("early", "speed", 2.0, "x/s")], out)
+    data = json.loads(out.with_suffix(".json").read_text())
+    data["_measured"]["early"] = {"date": "2026-01-02", "machine": "another box"}
+    out.with_suffix(".json").write_text(json.dumps(data))
+    write_benchmarks([Figure("late", "speed", 1.0, "x/s")], out)
+    text = out.read_text()
+    early = text[text.index("## early"):text.index("## late")]
+    assert "Measured 2026-01-02 on another box." in early
+    assert "Measured 2026-01-02" not in text[text.index("## late"):]
 
 
 def test_every_benchmark_takes_out_as_a_keyword() -> None:

@@ -1,0 +1,236 @@
+"""Single-pass entropy per logits row: online max / sum-exp / sum p·x, for the GPU.
+
+The reference (``collectors.vllm.entropy.entropy_per_row``) runs softmax, then ``entr``, then a
+sum: three passes over ``[rows, vocab]`` and a float32 buffer of that size per step. Here every
+logit is read once and nothing of the vocabulary's size is written. For a run of logits ``x`` with
+running maximum ``m`` the state is
+
+    s = sum(exp(x - m)),   t = sum(exp(x - m) * (x - m)),   H = log(s) - t / s
+
+and two states merge by rescaling to the larger maximum ``M``: ``s = Σ w·s_i``,
+``t = Σ w·(t_i + (m_i - M)·s_i)`` with ``w = exp(m_i - M)``. The terms are taken relative to the
+maximum, so confident rows (large logits, entropy near 0) do not cancel catastrophically the way
+``logsumexp(x) - sum(softmax(x)·x)`` does in float32. Tokens masked to ``-inf`` contribute nothing; a
+row with every token masked gives NaN, as the reference does.
+
+Two implementations of the same algorithm:
+
+* ``entropy_per_row_triton``: a Triton kernel (one program per row and vocabulary split, so a
+  small decode batch still fills the GPU) writes per-split states, a second tiny kernel merges them;
+* ``entropy_per_row_chunked``: pure torch, over vocabulary chunks (any device; the fallback, and
+  what the CPU tests check the algorithm with).
+
+``entropy_per_row_shifted`` is the algorithm as a single chunk in torch: on a CPU it beats both the
+reference (no per-element log) and the chunked loop (no per-chunk merges). ``entropy_function(device)``
+picks what the tap uses (`entroloop bench collector` times every form side by side).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+
+from collectors.vllm.entropy import entropy_per_row
+
+log = logging.getLogger(__name__)
+
+EntropyFn = Callable[[torch.Tensor], torch.Tensor]
+
+CHUNK = 16384  # columns per step of the torch fallback: [rows, CHUNK] float32 stays in cache
+BLOCK = 1024  # columns per inner step of the Triton kernel (a power of two)
+MASK_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: still a normal float32 (no denormal slow path); see entropy_per_row_shifted
+TARGET_PROGRAMS = 512  # enough programs for every SM of a large GPU several times over
+
+
+# --- the merge, in torch (the fallback's and the tests' definition of the algorithm) ------------
+def _merge(m1, s1, t1, m2, s2, t2):
+    """Merge two (max, sum-exp, sum-exp·shifted) states; empty states (s == 0) contribute nothing."""
+    m = torch.maximum(m1, m2)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    live1, live2 = s1 > 0, s2 > 0
+    w1 = torch.where(live1, torch.exp(m1 - m_safe), torch.zeros_like(s1))
+    w2 = torch.where(live2, torch.exp(m2 - m_safe), torch.zeros_like(s2))
+    shift1 = torch.where(live1, (m1 - m_safe) * s1, torch.zeros_like(s1))
+    shift2 = torch.where(live2, (m2 - m_safe) * s2, torch.zeros_like(s2))
+    return m, w1 * s1 + w2 * s2, w1 * (t1 + shift1) + w2 * (t2 + shift2)
+
+
+def _finish(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return torch.log(s) - t / s
+
+
+def entropy_per_row_chunked(logits: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    """Entropy in nats per row, float32, one pass over the logits in ``chunk``-column pieces."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+    rows, vocab = logits.shape
+    f32 = {"dtype": torch.float32, "device": logits.device}
+    m = torch.full((rows,), -math.inf, **f32)
+    s = torch.zeros(rows, **f32)
+    t = torch.zeros(rows, **f32)
+    buf = torch.empty(rows, min(chunk, vocab), **f32)
+    for start in range(0, vocab, chunk):
+        x = logits[:, start : start + chunk]
+        y = buf[:, : x.shape[1]]
+        cm = x.amax(dim=-1).float()
+        cm_safe = torch.where(torch.isfinite(cm), cm, torch.zeros_like(cm))
+        torch.sub(x, cm_safe[:, None], out=y)  # x - max <= 0 (float32 whatever x's dtype)
+        y.exp_()  # e; exp(-inf) = 0 for masked tokens
+        cs = y.sum(dim=-1)
+        # e·(x - max) = e·log(e) = -entr(e), which is 0 for masked tokens (no -inf·0)
+        ct = -torch.special.entr(y, out=y).sum(dim=-1)
+        m, s, t = _merge(m, s, t, cm, cs, ct)
+    return _finish(s, t)
+
+
+def entropy_per_row_shifted(logits: torch.Tensor) -> torch.Tensor:
+    """The same algorithm as one chunk, vectorised by torch: max, then ``x - max`` once, its exp, and
+    two row reductions (sum, dot) — no per-element log, unlike the reference's ``entr``, and one
+    ``[rows, vocab]`` float32 temporary fewer. What the tap uses on a CPU (see ``entropy_function``)."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+    m = logits.amax(dim=-1, keepdim=True).float()
+    y = torch.sub(logits, m, out=torch.empty(logits.shape, dtype=torch.float32, device=logits.device))
+    # A floor at -87: masked tokens (-inf) give a finite e·y instead of -inf·0 = NaN, and no exp()
+    # lands in float32's subnormal range (below ~-87.3), where the CPU takes a slow path — measured
+    # 10x slower on a confident model's logits, whose long tail sits exactly there. A floored token
+    # adds at most e^-87·87 ~ 1e-36 nats: < 2e-31 over 151,936 tokens, far below float16's resolution.
+    y.clamp_(min=MASK_FLOOR)
+    e = torch.exp(y)
+    s = e.sum(dim=-1)
+    return _finish(s, torch.linalg.vecdot(e, y))
+
+
+# --- Triton ------------------------------------------------------------------------------------
+def triton_available() -> bool:
+    try:
+        import triton
+        import triton.language  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not here"
+        return False
+    return True
+
+
+_KERNELS: tuple | None = None
+
+
+def _kernels():
+    """Define the kernels on first use (Triton reads TRITON_INTERPRET when a kernel is defined)."""
+    global _KERNELS
+    if _KERNELS is not None:
+        return _KERNELS
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partials_kernel(logits_ptr, row_stride, vocab, split_size, m_ptr, s_ptr, t_ptr, n_splits,
+                        BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        split = tl.program_id(1)
+        start = split * split_size
+        end = tl.minimum(start + split_size, vocab)
+        lanes = tl.arange(0, BLOCK)
+        neg_inf = float("-inf")
+        m = tl.full([BLOCK], neg_inf, tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        t = tl.zeros([BLOCK], tl.float32)
+        base = logits_ptr + row.to(tl.int64) * row_stride
+        for off in range(start, end, BLOCK):
+            cols = off + lanes
+            x = tl.load(base + cols, mask=cols < end, other=neg_inf).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            live = m_new > neg_inf
+            m_safe = tl.where(live, m_new, 0.0)
+            alpha = tl.where(s > 0, tl.exp(m - m_safe), 0.0)
+            shift = tl.where(s > 0, (m - m_safe) * s, 0.0)
+            y = x - m_safe
+            e = tl.where(x > neg_inf, tl.exp(y), 0.0)
+            s_new = alpha * s + e
+            t = alpha * (t + shift) + tl.where(x > neg_inf, e * y, 0.0)
+            s = s_new
+            m = m_new
+        # merge the lanes
+        big = tl.max(m, axis=0)
+        big_safe = tl.where(big > neg_inf, big, 0.0)
+        w = tl.where(s > 0, tl.exp(m - big_safe), 0.0)
+        shift = tl.where(s > 0, (m - big_safe) * s, 0.0)
+        out = row * n_splits + split
+        tl.store(m_ptr + out, big)
+        tl.store(s_ptr + out, tl.sum(w * s, axis=0))
+        tl.store(t_ptr + out, tl.sum(w * (t + shift), axis=0))
+
+    @triton.jit
+    def merge_kernel(m_ptr, s_ptr, t_ptr, out_ptr, n_splits, SPLITS: tl.constexpr):
+        row = tl.program_id(0)
+        idx = tl.arange(0, SPLITS)
+        ok = idx < n_splits
+        neg_inf = float("-inf")
+        m = tl.load(m_ptr + row * n_splits + idx, mask=ok, other=neg_inf)
+        s = tl.load(s_ptr + row * n_splits + idx, mask=ok, other=0.0)
+        t = tl.load(t_ptr + row * n_splits + idx, mask=ok, other=0.0)
+        big = tl.max(m, axis=0)
+        big_safe = tl.where(big > neg_inf, big, 0.0)
+        w = tl.where(s > 0, tl.exp(m - big_safe), 0.0)
+        shift = tl.where(s > 0, (m - big_safe) * s, 0.0)
+        total_s = tl.sum(w * s, axis=0)
+        total_t = tl.sum(w * (t + shift), axis=0)
+        tl.store(out_ptr + row, tl.log(total_s) - total_t / total_s)
+
+    _KERNELS = (partials_kernel, merge_kernel, triton.next_power_of_2)
+    return _KERNELS
+
+
+def split_plan(rows: int, vocab: int, block: int = BLOCK, target_programs: int = TARGET_PROGRAMS) -> tuple[int, int]:
+    """(splits per row, columns per split): enough programs to fill the device, whole blocks each."""
+    blocks = max(1, math.ceil(vocab / block))
+    splits = min(blocks, max(1, math.ceil(target_programs / max(1, rows))))
+    split_size = math.ceil(blocks / splits) * block
+    return math.ceil(vocab / split_size), split_size
+
+
+def entropy_per_row_triton(logits: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """Entropy in nats per row, float32: the Triton kernels (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    partials_kernel, merge_kernel, next_pow2 = _kernels()
+    rows, vocab = logits.shape
+    splits, split_size = split_plan(rows, vocab, block)
+    f32 = {"dtype": torch.float32, "device": logits.device}
+    m = torch.empty(rows, splits, **f32)
+    s = torch.empty(rows, splits, **f32)
+    t = torch.empty(rows, splits, **f32)
+    out = torch.empty(rows, **f32)
+    if rows == 0:
+        return out
+    partials_kernel[(rows, splits)](logits, logits.stride(0), vocab, split_size, m, s, t, splits, BLOCK=block)
+    merge_kernel[(rows,)](m, s, t, out, splits, SPLITS=next_pow2(splits))
+    return out
+
+
+# --- what the tap uses -------------------------------------------------------------------------
+def entropy_function(device: torch.device) -> EntropyFn:
+    """The entropy reduction the tap runs on ``device``: the fused Triton kernel on CUDA (when Triton
+    is importable; the reference if the kernel fails there), the one-chunk torch form on a CPU (the
+    faster of the measured CPU forms, `entroloop bench collector` times them side by side)."""
+    if torch.device(device).type != "cuda":
+        return entropy_per_row_shifted
+    if not triton_available():
+        return entropy_per_row
+    state = {"fn": entropy_per_row_triton}
+
+    def fused_or_reference(logits: torch.Tensor) -> torch.Tensor:
+        try:
+            return state["fn"](logits)
+        except Exception:
+            if state["fn"] is entropy_per_row:
+                raise
+            log.exception("entroloop entropy tap: the fused Triton kernel failed; using the reference from now on")
+            state["fn"] = entropy_per_row
+            return entropy_per_row(logits)
+
+    return fused_or_reference

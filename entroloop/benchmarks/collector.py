@@ -1,0 +1,91 @@
+"""`entroloop bench collector`'s repetition: rounds of ``collectors.vllm.bench`` (plain / tap / top-20
+engines, each in its own process) repeated with ``entroloop.benchmarks.repeats``, and the entropy
+reduction alone timed on this machine's CPU and, when CUDA is available, on the GPU — where the
+fused Triton kernel (``collectors.vllm.fused_entropy``) is timed beside the reference, so a session
+with a GPU just runs the command.
+
+Needs torch and vLLM (.venv-ml) when it runs; importing it needs neither.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from collectors.vllm.bench import Workload, cached_model, round_figures, run_round
+from entroloop.benchmarks.repeats import DEFAULT_RUNS, repeat, repeat_many
+
+LOGIT_SCALE = 20.0
+
+
+def run(work: Workload, runs: int = DEFAULT_RUNS, python: str = sys.executable, model: Path | None = None,
+        progress: Callable[[str], None] = lambda message: None) -> dict:
+    """``runs`` rounds of every variant (each variant in a fresh process, the order alternating from
+    round to round so a slow drift of the machine does not favour one); the median, spread and load
+    of each figure across rounds, and the tap's reduction alone on this machine."""
+    model = model or cached_model(work)
+    details: dict = {}
+    round_no = 0
+
+    def one_round() -> dict[str, float]:
+        nonlocal round_no
+        order = work.variants if round_no % 2 == 0 else tuple(reversed(work.variants))
+        round_no += 1
+        progress(f"{work.shape}: round {round_no}/{runs} ({' / '.join(order)}, one engine process each)")
+        with tempfile.TemporaryDirectory(prefix="entroloop-bench-") as scratch:
+            numbers, round_details = round_figures(work, run_round(work, model, Path(scratch), python, order))
+        details.update({k: v for k, v in round_details.items() if k not in details or v is not None})
+        return numbers
+
+    repeated = repeat_many(one_round, runs)
+    progress(f"{work.shape}: timing the entropy reduction alone")
+    return {"workload": asdict(work), "steps": work.steps, "repeated": repeated, "details": details,
+            "reduction": reduction_timings(work.max_num_seqs, work.vocab, runs=runs)}
+
+
+def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: int = 30) -> dict:
+    """µs per call of each entropy reduction on ``[rows, vocab]`` float32 logits, on this machine's
+    CPU and, when CUDA is available, on the GPU (the fused Triton kernel there). Median of ``calls``
+    calls per run, repeated ``runs`` times."""
+    import torch
+
+    from collectors.vllm.entropy import entropy_per_row
+    from collectors.vllm.fused_entropy import (
+        entropy_per_row_chunked,
+        entropy_per_row_shifted,
+        entropy_per_row_triton,
+        triton_available,
+    )
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    timings: dict = {}
+    for device in devices:
+        gen = torch.Generator().manual_seed(0)
+        # scale 20: a confident model's long tail, a quarter of the logits where exp() is subnormal
+        logits = (torch.randn(rows, vocab, generator=gen) * LOGIT_SCALE).to(device)
+        candidates = {"reference": entropy_per_row, "fused_torch_one_chunk": entropy_per_row_shifted,
+                      "fused_torch_chunked": entropy_per_row_chunked}
+        if device == "cuda" and triton_available():
+            candidates["fused_triton"] = entropy_per_row_triton
+        for name, fn in candidates.items():
+            fn(logits)  # warm-up (and the Triton compile)
+
+            def measure(fn=fn, device=device, logits=logits) -> float:
+                samples = []
+                for _ in range(calls):
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    fn(logits)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    samples.append((time.perf_counter() - start) * 1e6)
+                return statistics.median(samples)
+
+            timings[f"{device}:{name}"] = repeat(measure, runs)
+    return timings

@@ -1,0 +1,187 @@
+"""The single-pass entropy forms (collectors.vllm.fused_entropy) against a float64 log_softmax reference.
+
+The Triton kernel runs here on the CPU under ``TRITON_INTERPRET=1`` in a child process (Triton reads
+the switch when a kernel is defined, and this process may already have defined it compiled); the
+torch forms run in this process. Marked ``vllm``: needs torch (and Triton), so it runs in .venv-ml.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[3]
+TOLERANCE = 5e-5  # nats, as the reference's own accuracy test
+
+
+CASES = ("scale0.01", "scale1", "scale4", "scale30", "shift+5000", "shift-10000", "masked", "bfloat16",
+         "float16", "tiny_vocab", "one_row_big_vocab")
+
+
+def reference(logits):
+    """Entropy in float64 from log_softmax; masked tokens (p = 0) contribute 0; an all-masked row is NaN."""
+    import torch
+
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    p = logp.exp()
+    return -(p * logp.masked_fill(p == 0, 0.0)).sum(dim=-1)
+
+
+def cases() -> dict:
+    """Random logits at several scales and dtypes, vocabularies off any block size, -inf masks."""
+    import torch
+
+    gen = torch.Generator().manual_seed(11)
+    out: dict = {}
+    for name, scale, shift in (("scale0.01", 0.01, 0.0), ("scale1", 1.0, 0.0), ("scale4", 4.0, 0.0),
+                               ("scale30", 30.0, 0.0), ("shift+5000", 10.0, 5000.0), ("shift-10000", 3.0, -1e4)):
+        out[name] = torch.randn(4, 50_001, generator=gen) * scale + shift
+    masked = torch.randn(6, 20_003, generator=gen) * 5
+    masked[0, 1:] = -math.inf  # one token left: entropy exactly 0
+    masked[1, ::2] = -math.inf  # every other token
+    masked[2, :17_000] = -math.inf  # whole chunks and blocks masked, the maximum late in the row
+    masked[3, 5_000:] = -math.inf  # whole chunks and blocks masked at the end
+    masked[4, :] = -math.inf  # nothing left: NaN, as the reference
+    out["masked"] = masked
+    for dtype in (torch.bfloat16, torch.float16):
+        x = (torch.randn(5, 32_771, generator=gen) * 6).to(dtype)
+        x[1, 7:] = -math.inf
+        out[f"{dtype}".removeprefix("torch.")] = x
+    out["tiny_vocab"] = torch.randn(3, 5, generator=gen)
+    out["one_row_big_vocab"] = torch.randn(1, 151_936, generator=gen) * 4
+    assert tuple(out) == CASES
+    return out
+
+
+def assert_agrees(got, logits, name: str) -> None:
+    import torch
+
+    expected = reference(logits)
+    assert got.dtype == torch.float32 and got.shape == expected.shape, name
+    nan = torch.isnan(expected)
+    assert torch.equal(torch.isnan(got), nan), f"{name}: NaN rows differ: {got} vs {expected}"
+    error = (got.double() - expected)[~nan].abs().max().item() if (~nan).any() else 0.0
+    assert error < TOLERANCE, f"{name}: max error {error:.3g} nats"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_torch_forms_agree_with_the_reference(name: str) -> None:
+    from collectors.vllm.fused_entropy import (
+        entropy_per_row_chunked,
+        entropy_per_row_shifted,
+    )
+
+    logits = cases()[name]
+    assert_agrees(entropy_per_row_shifted(logits), logits, f"one chunk, {name}")
+    assert_agrees(entropy_per_row_chunked(logits), logits, f"chunked, {name}")
+    assert_agrees(entropy_per_row_chunked(logits, chunk=4096), logits, f"chunked by 4096, {name}")
+
+
+def test_a_single_remaining_token_gives_exactly_zero() -> None:
+    import torch
+
+    from collectors.vllm.fused_entropy import (
+        entropy_per_row_chunked,
+        entropy_per_row_shifted,
+    )
+
+    logits = torch.full((2, 1000), -math.inf)
+    logits[0, 3] = 50.0
+    logits[1, 999] = -50.0
+    assert entropy_per_row_chunked(logits, chunk=64).tolist() == [0.0, 0.0]
+    # the one-chunk form floors x - max at -87 (no subnormal exp): 999 masked tokens add < 1e-33
+    assert all(0.0 <= h < 1e-30 for h in entropy_per_row_shifted(logits).tolist())
+
+
+def test_the_logits_are_left_unchanged() -> None:
+    import torch
+
+    from collectors.vllm.fused_entropy import (
+        entropy_per_row_chunked,
+        entropy_per_row_shifted,
+    )
+
+    logits = torch.randn(3, 10_000)
+    logits[0, :10] = -math.inf
+    before = logits.clone()
+    entropy_per_row_shifted(logits)
+    entropy_per_row_chunked(logits, chunk=1000)
+    assert torch.equal(logits, before)
+
+
+def test_split_plan_covers_the_vocabulary_in_whole_blocks() -> None:
+    from collectors.vllm.fused_entropy import split_plan
+
+    for rows, vocab in ((1, 151_936), (8, 151_936), (256, 151_936), (4, 1000), (3, 5), (1, 1024)):
+        splits, size = split_plan(rows, vocab, block=1024)
+        assert size % 1024 == 0 and splits * size >= vocab > (splits - 1) * size, (rows, vocab)
+    assert split_plan(8, 151_936)[0] >= 8  # a decode batch still spreads over many programs
+    assert split_plan(512, 151_936)[0] == 1  # a big batch: one program per row
+
+
+CHILD = """
+import sys, torch
+from collectors.vllm.fused_entropy import entropy_per_row_triton
+cases = torch.load(sys.argv[1])
+torch.save({name: (entropy_per_row_triton(x), entropy_per_row_triton(x, block=256)) for name, x in cases.items()},
+           sys.argv[2])
+"""
+
+
+def test_the_triton_kernel_agrees_with_the_reference_under_the_interpreter(tmp_path: Path) -> None:
+    import torch
+    import triton  # noqa: F401 - installed with torch in .venv-ml: without it this test must fail
+
+    inputs, outputs = tmp_path / "cases.pt", tmp_path / "results.pt"
+    all_cases = cases()
+    torch.save(all_cases, inputs)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(inputs), str(outputs)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = torch.load(outputs)
+    assert set(results) == set(all_cases)
+    for name, (default_block, small_block) in results.items():
+        assert_agrees(default_block, all_cases[name], f"triton, {name}")
+        assert_agrees(small_block, all_cases[name], f"triton block 256, {name}")
+
+
+def test_the_tap_uses_the_one_chunk_form_on_a_cpu_and_the_kernel_on_cuda(monkeypatch) -> None:
+    import torch
+
+    from collectors.vllm import fused_entropy
+    from collectors.vllm.fused_entropy import entropy_function, entropy_per_row_shifted
+    from collectors.vllm.tap import EntropyTap
+
+    assert entropy_function(torch.device("cpu")) is entropy_per_row_shifted
+    assert EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy is entropy_per_row_shifted
+    monkeypatch.setattr(fused_entropy, "triton_available", lambda: False)
+    assert entropy_function(torch.device("cuda")) is fused_entropy.entropy_per_row
+
+
+def test_a_failing_kernel_falls_back_to_the_reference_for_good(monkeypatch) -> None:
+    import torch
+
+    from collectors.vllm import fused_entropy
+    from collectors.vllm.fused_entropy import entropy_function
+
+    calls: list[int] = []
+
+    def broken(logits):
+        calls.append(1)
+        raise RuntimeError("no kernel for this GPU")
+
+    monkeypatch.setattr(fused_entropy, "triton_available", lambda: True)
+    monkeypatch.setattr(fused_entropy, "entropy_per_row_triton", broken)
+    fn = entropy_function(torch.device("cuda"))
+    logits = torch.randn(2, 300)
+    for _ in range(3):
+        assert_agrees(fn(logits), logits, "fallback")
+    assert calls == [1]  # tried once, then the reference from then on
