@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from collectors.publisher import Publisher
 from collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
 from entroloop.contract import codec
-from entroloop.contract.records import TokenEntropy
+from entroloop.contract.records import Fallback, TokenEntropy
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_TYPE, TOPICS
 from entroloop.demo_summary import FleetTruth, summarize
@@ -150,7 +150,9 @@ def run(settings: Settings, requests: int, seed: int, status: Callable[[str], No
     if actions.wait(timeout_s) != 0:
         raise RuntimeError(f"`entroloop actions` exited with {actions.returncode} (see {data}/actions.log)")
     _run_sinks(env, data, timeout_s, status)
-    derived = [t for t in TOPICS if not t.source]
+    # Topics the worker writes to: the derived ones, and fallbacks, where the intent scorer adds its
+    # own to the gateway's (the fleet's truth knows only the latter): count what is on the topic.
+    derived = [t for t in TOPICS if not t.source or t.record_type is Fallback]
     emitted = dict(truth.emitted)
     emitted.update({t.name: n for t, n in zip(derived, _distinct_ids(bootstrap, [prefix + t.name for t in derived]).values())})
     client = connect(settings.resolved_clickhouse_dsn())

@@ -64,7 +64,7 @@ def create_app(
     With ``routing`` the app refreshes it in the background while it runs (lifespan). Raises
     ``GatewayConfigError`` for a configuration that cannot work (e.g. keys required, none given)."""
     policy = config.access_policy()
-    publish = counted(publish)
+    uncounted, publish = publish, counted(publish)
     admin = AdminState()
     # the admin API's live levers: a disabled adapter is routed around, a forced fallback tier
     # redirects upstream calls, a paused node or route is refused (PauseMiddleware below)
@@ -98,6 +98,7 @@ def create_app(
     ]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.gateway = gateway
+    app.state.publish = uncounted  # the caller's publish (e.g. the node publisher's bound method, to close it)
     app.state.feedback = feedback
     app.state.admin = admin
     return app

@@ -17,6 +17,7 @@ two-stage cascade, pairs/s per stage and the share each stage decided.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path

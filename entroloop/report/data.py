@@ -92,7 +92,7 @@ def load_report_data(client: Any, database: str = "entroloop") -> ReportData:
     # intent fallback rate = scores below the threshold applied to their language (IntentScore.threshold)
     data.intent = r.dicts("""
         SELECT language, route, any(embedder) AS scorer, count() AS pairs, round(avg(similarity), 3) AS mean_score,
-               round(quantile(0.1)(similarity), 3) AS p10_score, round(any(threshold), 3) AS threshold,
+               round(quantile(0.1)(similarity), 3) AS p10_score, round(any(threshold), 3) AS fallback_threshold,
                round(countIf(similarity < threshold) / count(), 4) AS fallback_rate
         FROM {db}.intent_scores FINAL GROUP BY language, route ORDER BY language, route""")
     data.fallback_rates = _series(r.rows(f"""

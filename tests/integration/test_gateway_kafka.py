@@ -55,7 +55,7 @@ def test_gateway_records_reach_kafka_redacted(kafka_bootstrap: str, topic_prefix
                 body = {"model": "base-m", "user": f"user-{i}",
                         "messages": [{"role": "user", "content": f"I am {EMAIL}, {PHONE}, card {CARD}, #{i}"}]}
                 assert client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": f"k-{i}"}).status_code == 200
-        publisher = app.state.gateway.publish.__self__
+        publisher = app.state.publish.__self__
         publisher.close(timeout=10)
 
     topics = [topic_prefix + t.topic for t in (Audit, Span, TokenEntropy)]
@@ -89,7 +89,7 @@ def test_a_large_audit_reaches_kafka_whole_in_parts(kafka_bootstrap: str, topic_
         with TestClient(app) as client:
             body = {"model": "base-m", "messages": [{"role": "user", "content": content}]}
             assert client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "big-1"}).status_code == 200
-        publisher = app.state.gateway.publish.__self__
+        publisher = app.state.publish.__self__
         publisher.close(timeout=30)
         assert publisher.stats()["failed"] == 0  # the producer refused no part
 
