@@ -43,7 +43,10 @@ def detectors(
 
 
 @bench_app.command("all")
-def run_all(out: Out = Path("BENCHMARKS.md")) -> None:
+def run_all(
+    out: Out = Path("BENCHMARKS.md"),
+    as_json: Annotated[bool, typer.Option("--json", help='End with {"out", "measured", "not_measured"} as one JSON line.')] = False,
+) -> None:
     """Run every benchmark and rewrite BENCHMARKS.md with this run's figures only.
 
     One benchmark that cannot run here (no broker, no ML environment) or fails does not stop the
@@ -79,6 +82,8 @@ def run_all(out: Out = Path("BENCHMARKS.md")) -> None:
     console.print(f"rewrote {out}")
     if failed:
         console.print(f"[yellow]not measured in this run: {', '.join(failed)}[/yellow]")
+    if as_json:
+        print(json.dumps({"out": str(out), "measured": [n for n in BENCHMARKS if n not in failed], "not_measured": failed}))
 
 
 def _wrote_section(name: str, out: Path) -> bool:

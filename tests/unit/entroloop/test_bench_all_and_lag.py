@@ -15,7 +15,7 @@ from entroloop.benchmarks.report import Figure, write_benchmarks
 from entroloop.cli import app, bench
 
 
-def test_bench_all_reports_a_benchmark_that_cannot_run_and_runs_the_rest(tmp_path: Path, monkeypatch) -> None:
+def test_bench_all_reports_a_benchmark_that_cannot_run_and_runs_the_rest(tmp_path: Path, monkeypatch, capsys) -> None:
     out = tmp_path / "BENCHMARKS.md"
     ran: list[str] = []
 
@@ -36,8 +36,10 @@ def test_bench_all_reports_a_benchmark_that_cannot_run_and_runs_the_rest(tmp_pat
     write_benchmarks([Figure("needs_ml", "ratio", 0.98, "×", note="CPU"), Figure("gone", "speed", 1.0, "x/s")], out)
     monkeypatch.setattr(bench, "BENCHMARKS", {"needs_ml": needs_ml, "crashes": crashes, "works": works,
                                               "writes_nothing": writes_nothing})
-    bench.run_all(out=out)
+    bench.run_all(out=out, as_json=True)
     assert ran == ["works", "writes_nothing"]
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary == {"out": str(out), "measured": ["works"], "not_measured": ["needs_ml", "crashes", "writes_nothing"]}
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["works"][0]["value"] == 3.0
     assert [f["value"] for f in data["needs_ml"]] == [None] and "exited with 2" in data["needs_ml"][0]["note"]

@@ -39,7 +39,8 @@ def test_every_long_running_command_spells_log_level_the_same(command):
 
 @pytest.mark.parametrize("command", [
     ("migrate",), ("settings",), ("report",), ("train",), ("trainer",), ("adapters", "list"),
-    ("adapters", "show"), ("adapters", "rollback"), ("query",), ("demo",), ("replay",),
+    ("adapters", "show"), ("adapters", "rollback"), ("query",), ("demo",), ("replay",), ("bench", "all"),
+    ("actions",), ("eval", "intent"),
 ])
 def test_every_reporting_command_has_json(command):
     assert "--json" in _options(*command)
