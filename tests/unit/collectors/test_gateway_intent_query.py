@@ -80,7 +80,7 @@ def test_the_gateway_audit_is_scored_on_the_last_user_message() -> None:
 
 def test_the_default_scorer_scores_the_gateway_audit_in_the_light_install() -> None:
     audit = _audit_through_gateway()
-    scorer = IntentSimilarityScorer.from_settings(Settings())
+    scorer = IntentSimilarityScorer.from_settings(Settings(intent_sample_rate=1.0))  # this request, not a sample
     (score,) = [r for r in scorer.process(audit) if isinstance(r, IntentScore)]
     assert 0.0 <= score.similarity <= 1.0
     assert score.embedder == "multilingual-e5-small-q4"
