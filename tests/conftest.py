@@ -19,7 +19,12 @@ from entroloop.infra.clickhouse.client import connect
 # click pin conflicts with vLLM's). Modules that import faust are the light suite's; there faust is
 # always installed, so nothing is ignored.
 IN_ML_ENV = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("faust") is None
-collect_ignore = ["unit/streams/test_streams_app.py", "unit/streams/test_faust_offsets.py"] if IN_ML_ENV else []
+collect_ignore = [
+    "unit/streams/test_streams_app.py",
+    "unit/streams/test_faust_offsets.py",
+    "unit/streams/test_faust_drain.py",
+    "unit/streams/test_worker_bookkeeping.py",
+] if IN_ML_ENV else []
 
 
 @pytest.fixture(scope="session")
