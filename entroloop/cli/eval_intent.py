@@ -169,10 +169,14 @@ def intent(file: InputFile, as_json: AsJson = False, predictions: Predictions = 
     if "model_alone" in figures:
         alone_figures = figures["model_alone"]
         stages = figures["stages"]
+        def rate(value: float | None) -> str:
+            return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
         print_table(
-            f"The model alone on the same pairs ({alone_figures['scorer']}, {_cell(alone_figures['pairs_per_s'])} "
+            f"The model alone on the same pairs ({alone_figures['scorer']}, {rate(alone_figures['pairs_per_s'])} "
             f"pairs/s); the cascade's lexical stage decided {stages['lexical']['decided_share']:.1%} at "
-            f"{_cell(stages['lexical']['pairs_per_s'])} pairs/s, the model {stages['model']['decided_share']:.1%}",
+            f"{rate(stages['lexical']['pairs_per_s'])} pairs/s, the model {stages['model']['decided_share']:.1%} at "
+            f"{rate(stages['model']['pairs_per_s'])} pairs/s",
             COLUMNS, _rows(alone_figures),
         )
     if as_json:
