@@ -147,12 +147,15 @@ def test_the_openai_sdk_through_gateway_vllm_kafka_workers_sinks_actions_and_rep
 
     # 5. the sinks store it; the action runner runs the alert's runbook against the gateway's admin API
     _run_sinks(stack, 1)
+    admin = {"Authorization": f"Bearer {stack.admin_key}"}
+    before = httpx.get(f"{stack.gateway_url}/admin/state", headers=admin, timeout=10)
+    assert before.status_code == 200 and ROUTE not in before.json()["routes"], before.text  # the runbook is what pauses it
     actions_env = {**stack.env, "ENTROLOOP_ACTIONS_DRY_RUN": "false", "ENTROLOOP_ACTIONS_GATEWAY_URL": stack.gateway_url,
                    "ENTROLOOP_ACTIONS_WEBHOOK_TOKEN": stack.admin_key}
     run_cli("actions", ["actions", "--until-idle", "--json"], actions_env, stack.logs)
 
     # 6. the gateway now handles the route differently: its admin state says paused, the client is refused
-    state = httpx.get(f"{stack.gateway_url}/admin/state", headers={"Authorization": f"Bearer {stack.admin_key}"}, timeout=10)
+    state = httpx.get(f"{stack.gateway_url}/admin/state", headers=admin, timeout=10)
     assert state.status_code == 200, state.text
     pause = state.json()["routes"].get(ROUTE)
     assert pause is not None, state.json()
