@@ -267,7 +267,8 @@ class Gateway:
         body = exchange.body
         if exchange.engine == "vllm":
             xargs = dict(body.get("vllm_xargs") or {})
-            xargs.update(entroloop_request_id=exchange.request_id, entroloop_trace_id=exchange.trace.trace_id)
+            xargs.update(entroloop_request_id=exchange.request_id, entroloop_trace_id=exchange.trace.trace_id,
+                         entroloop_route=self.config.route)
             return {**body, "vllm_xargs": xargs}, None
         k = self.config.top_logprobs
         if exchange.path.endswith("chat/completions"):

@@ -166,7 +166,8 @@ def test_vllm_engine_gets_correlation_ids_adapter_and_version_and_answer_is_byte
         _, sent_body, sent_headers = upstream.received[0]
         direct = httpx.post(f"{upstream.url}/v1/chat/completions", json=sent_body)
     assert answer.content == direct.content
-    assert sent_body["vllm_xargs"] == {"mine": 1, "entroloop_request_id": "req-gw-1", "entroloop_trace_id": TRACE_ID}
+    assert sent_body["vllm_xargs"] == {"mine": 1, "entroloop_request_id": "req-gw-1", "entroloop_trace_id": TRACE_ID,
+                                       "entroloop_route": "support"}
     assert "logprobs" not in sent_body  # the tap computes the exact entropy in the engine
     records = _by_type(published)
     assert TokenEntropy not in records  # those come from the tap, under the same ids
