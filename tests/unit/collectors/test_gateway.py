@@ -233,3 +233,12 @@ def test_other_paths_are_proxied() -> None:
     with FakeUpstream(vllm=True) as upstream, _gateway(upstream, []) as client:
         models = client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["base-m", "support-lora"]
+
+
+def test_a_named_vllm_engine_still_records_the_engine_version_in_the_audit() -> None:
+    """``--engine vllm`` skips guessing the engine, not asking its version (the audit's engine_version)."""
+    published: list = []
+    with FakeUpstream(vllm=True) as upstream, _gateway(upstream, published, engine="vllm") as client:
+        assert client.post("/v1/chat/completions", json={**CHAT, "model": "base-m"}, headers=HEADERS).status_code == 200
+    (audit,) = _by_type(published)[Audit]
+    assert audit.engine_version == "vllm 0.32.0"
