@@ -31,6 +31,7 @@ prompt, a response or a key.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
@@ -42,6 +43,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from collectors.gateway.auth import GatewayConfigError
 from collectors.gateway.exchange import Exchange
 from collectors.otel_exporter import (
     ATTR_E2E,
@@ -110,6 +112,12 @@ class GatewayTracing:
         route: str,
         otlp_endpoint: str = "",
     ) -> None:
+        if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            # the SDK would hand out invalid spans: every record would carry an all-zero trace id
+            raise GatewayConfigError(
+                "OTEL_SDK_DISABLED=true switches off the OpenTelemetry SDK the gateway makes its request spans "
+                "and trace ids with: unset it for the gateway (to send no spans anywhere but entroloop, leave "
+                "ENTROLOOP_GATEWAY_OTLP_ENDPOINT empty)")
         self.route = route
         resource = Resource.create({"service.name": SERVICE_NAME, "service.instance.id": stamper.node_id})
         self.provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)

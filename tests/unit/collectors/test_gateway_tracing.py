@@ -14,7 +14,12 @@ import socket
 import pytest
 from starlette.testclient import TestClient
 
-from collectors.gateway.app import GatewayConfig, app_from_settings, create_app
+from collectors.gateway.app import (
+    GatewayConfig,
+    GatewayConfigError,
+    app_from_settings,
+    create_app,
+)
 from collectors.gateway.tracing import otlp_traces_url
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span, TokenEntropy
@@ -200,3 +205,10 @@ def test_the_otlp_endpoint_setting_is_checked_and_completed() -> None:
     assert otlp_traces_url("https://otel:4318/") == "https://otel:4318/v1/traces"
     assert otlp_traces_url("https://cloud.langfuse.com/api/public/otel/v1/traces") == \
         "https://cloud.langfuse.com/api/public/otel/v1/traces"
+
+
+def test_an_sdk_switched_off_by_the_environment_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTEL_SDK_DISABLED=true would make every span invalid and every record's trace id all zeros."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    with pytest.raises(GatewayConfigError, match="OTEL_SDK_DISABLED=true .* unset it for the gateway"):
+        create_app(GatewayConfig(upstream="http://127.0.0.1:9"), [].append, PiiRedactor(b"k"))
