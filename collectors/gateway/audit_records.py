@@ -1,5 +1,5 @@
-"""From a finished exchange to the records the gateway publishes: Audit (in parts when large), Span
-and, for engines without the entropy tap, the approximate TokenEntropy.
+"""From a finished exchange to the records the gateway publishes besides its span: Audit (in parts
+when large) and, for engines without the entropy tap, the approximate TokenEntropy.
 
 An audit over the codec's record limit (``ENTROLOOP_MAX_RECORD_BYTES``) used to become a dead letter
 and never reach the write-once log. It is now published whole as several Audit records sharing one
@@ -19,7 +19,6 @@ from entroloop.contract.ids import NodeStamper, uuid7
 from entroloop.contract.records import (
     Audit,
     Event,
-    Span,
     TokenEntropy,
     pack_entropies,
     pack_token_hashes,
@@ -78,44 +77,17 @@ def build_records(
     engine_version: str,
     max_record_bytes: int,
 ) -> list[Event]:
-    """The records one finished exchange yields (redaction happens before the Audit is built).
+    """The Audit (in parts when large) and approximate TokenEntropy of one finished exchange
+    (redaction happens before the Audit is built). The request's Span record comes from its OTel
+    span (``tracing.py``).
 
     A request the engine answered, completely or not (``outcome`` other than ok: the engine failed
     mid-answer, the client left), gets an Audit with what had arrived; one the engine never
-    answered (unreachable, an error status) gets the Span only."""
-    common = {"request_id": exchange.request_id, "trace_id": exchange.trace.trace_id}
-    usage = exchange.response.get("usage") or {}
+    answered (unreachable, an error status) gets none."""
+    common = {"request_id": exchange.request_id, "trace_id": exchange.trace_id}
     answered = exchange.status_code == 200 and bool(exchange.response)
-    ok = answered and exchange.outcome == "ok"
-    attributes = {
-        "http.status_code": exchange.status_code,
-        "entroloop.engine": exchange.engine,
-        "entroloop.adapter": exchange.adapter,
-        "entroloop.routed": exchange.routed,
-        "entroloop.stream": bool(exchange.body.get("stream")),
-        "entroloop.outcome": exchange.outcome,
-    }
-    if exchange.error:
-        attributes["error.message"] = exchange.error[:500]
-    span = Span(
-        **stamper.stamp(exchange.end),  # type: ignore[arg-type]
-        **common,
-        span_id=exchange.span_id,
-        parent_span_id=exchange.trace.parent_span_id,
-        name=f"gateway {exchange.path}",
-        start_time=exchange.start,
-        end_time=exchange.end,
-        model=exchange.model,
-        route=route,
-        status="ok" if ok else "error",
-        ttft_s=exchange.ttft_s,
-        e2e_s=exchange.end - exchange.start,
-        prompt_tokens=usage.get("prompt_tokens"),
-        output_tokens=usage.get("completion_tokens"),
-        attributes=attributes,
-    )
     if not answered and exchange.outcome == "ok":
-        return [span]
+        return []
     redacted = capture.redact_exchange(
         capture.prompt_of(exchange.path, exchange.body),
         capture.response_texts(exchange.path, exchange.response),
@@ -140,7 +112,7 @@ def build_records(
         outcome=exchange.outcome,
     )
     part_limit = min(max_record_bytes, PART_LIMIT_BYTES)
-    records: list[Event] = [*split_audit(audit, part_limit, stamper, exchange.end), span]
+    records: list[Event] = [*split_audit(audit, part_limit, stamper, exchange.end)]
     if exchange.entropies:
         records.append(
             TokenEntropy(

@@ -3,15 +3,17 @@
 For each request it
 
 1. checks the body (``params.py``: 400 with a message for a bad parameter, never a 500);
-2. takes the caller's W3C ``traceparent`` (or starts a trace) and an ``X-Request-Id`` (or makes one),
-   and passes both on: a ``traceparent`` header naming the gateway's span as parent (vLLM's own
-   tracing joins the trace) and, for vLLM, ``vllm_xargs.entroloop_request_id`` /
-   ``entroloop_trace_id`` so the entropy tap's TokenEntropy records carry the same ids;
+2. starts its OpenTelemetry span as the child of the caller's W3C ``traceparent`` (or in a new
+   trace; ``tracing.py``), takes an ``X-Request-Id`` (or makes one), and passes both on: a
+   ``traceparent`` header naming the gateway's span as parent (vLLM's own tracing joins the trace)
+   and, for vLLM, ``vllm_xargs.entroloop_request_id`` / ``entroloop_trace_id`` so the entropy tap's
+   TokenEntropy records carry the same ids;
 3. for engines that are not vLLM (no tap), asks for top-k logprobs and derives an approximate
    entropy per token (``TokenEntropy.approximate=True``), removing the logprobs from the answer
    when the client did not ask for them, so the client sees what the engine would have sent it;
 4. after the answer has gone to the client, redacts PII from prompt and response and publishes an
-   Audit record (in parts when large), a request Span and (non-vLLM) the approximate TokenEntropy;
+   Audit record (in parts when large), ends the request's span (its Span record, and OTLP export
+   when configured) and (non-vLLM) publishes the approximate TokenEntropy;
    an engine that fails mid-answer still yields them, with ``outcome="upstream_error"`` and what
    had arrived;
 5. with adapter routing on (``ENTROLOOP_GATEWAY_ADAPTER_ROUTING``), rewrites a base model's name to
@@ -38,7 +40,6 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from collectors import tracecontext
 from collectors.gateway import capture, passthrough
 from collectors.gateway.audit_records import build_records
 from collectors.gateway.config import GatewayConfig
@@ -51,7 +52,8 @@ from collectors.gateway.logprobs import (
 from collectors.gateway.params import InvalidRequest, parse_body
 from collectors.gateway.routing import RoutingTable
 from collectors.gateway.streaming import StreamCollector, error_event
-from entroloop.contract.ids import NodeStamper, new_span_id, uuid7
+from collectors.gateway.tracing import GatewayTracing
+from entroloop.contract.ids import NodeStamper, uuid7
 from entroloop.contract.records import Event
 from entroloop.infra.pii import PiiRedactor
 
@@ -84,6 +86,8 @@ class Gateway:
         self.publish = publish
         self.redactor = redactor
         self.stamper = NodeStamper(config.node_id)
+        # the request spans: Span records through the same publish and stamper, OTLP when configured
+        self.tracing = GatewayTracing(publish, self.stamper, config.route, config.otlp_endpoint)
         # identity: streamed bytes are relayed raw, so the engine must not compress them
         self.client = httpx.AsyncClient(
             base_url=config.upstream.rstrip("/"),
@@ -98,7 +102,12 @@ class Gateway:
         self._parents: dict[str, str | None] = {}  # served model id -> base model (LoRA) or None
         self._models_fetched_at = -ADAPTER_CACHE_S
         self._unserved_adapters: set[str] = set()
-        self.publish_errors = 0
+        self._record_errors = 0
+
+    @property
+    def publish_errors(self) -> int:
+        """Records lost: Audit/TokenEntropy not built or not published, Span records not published."""
+        return self._record_errors + self.tracing.records.errors
 
     # --- engine facts, asked once ------------------------------------------------------------
     async def engine(self) -> str:
@@ -181,23 +190,23 @@ class Gateway:
         except InvalidRequest as exc:
             return JSONResponse(exc.as_openai_error(), 400)
         headers = {k.lower(): v for k, v in request.headers.items()}
-        trace = tracecontext.extract(headers)
+        engine = await self.engine()
+        start = time.time()
         exchange = Exchange(
             path=request.url.path,
             body=body,
             headers=headers,
-            trace=trace,
+            span=self.tracing.start(request.url.path, headers, start, request_id),
             request_id=request_id,
-            span_id=new_span_id(),
-            engine=await self.engine(),
-            start=time.time(),
+            engine=engine,
+            start=start,
             tenant=self._tenant(request, headers),
         )
         body = exchange.body = self._route(exchange)
         if not exchange.routed:
             exchange.model, exchange.adapter = await self.base_and_adapter(str(body.get("model", "")))
         upstream_headers = self._upstream_headers(request)
-        tracecontext.inject(upstream_headers, trace, exchange.span_id)
+        self.tracing.inject(exchange.span, upstream_headers)
         # vLLM names the request after X-Request-Id (prefixed cmpl-/chatcmpl-), so its own span
         # (gen_ai.request.id) carries the gateway's request id too.
         upstream_headers = {k: v for k, v in upstream_headers.items() if k.lower() != HEADER_REQUEST_ID}
@@ -272,7 +281,7 @@ class Gateway:
         body = exchange.body
         if exchange.engine == "vllm":
             xargs = dict(body.get("vllm_xargs") or {})
-            xargs.update(entroloop_request_id=exchange.request_id, entroloop_trace_id=exchange.trace.trace_id,
+            xargs.update(entroloop_request_id=exchange.request_id, entroloop_trace_id=exchange.trace_id,
                          entroloop_route=self.config.route)
             return {**body, "vllm_xargs": xargs}, None
         k = self.config.top_logprobs
@@ -358,22 +367,28 @@ class Gateway:
 
     # --- records -----------------------------------------------------------------------------
     def _record(self, exchange: Exchange) -> None:
-        """Build and publish Audit, Span and (approximate) TokenEntropy; never raises."""
+        """End the request's span (its Span record) and publish Audit and (approximate) TokenEntropy;
+        never raises. The Span goes first, so whoever sees the Audit finds the Span already out."""
         try:
             records = self.records_for(exchange)
         except Exception:
-            self.publish_errors += 1
+            self._record_errors += 1
             log.exception("entroloop gateway: records for request %s not built", exchange.request_id)
-            return
+            records = []
+        try:
+            self.tracing.end(exchange)
+        except Exception:
+            self._record_errors += 1
+            log.exception("entroloop gateway: span of request %s not ended", exchange.request_id)
         for record in records:
             try:
                 self.publish(record)
             except Exception:
-                self.publish_errors += 1
+                self._record_errors += 1
                 log.exception("entroloop gateway: %s for request %s not published", type(record).__name__, exchange.request_id)
 
     def records_for(self, exchange: Exchange) -> list[Event]:
-        """The records one finished exchange yields (``audit_records.build_records``)."""
+        """The Audit and TokenEntropy records one finished exchange yields (``audit_records.build_records``)."""
         return build_records(
             exchange,
             stamper=self.stamper,
@@ -386,6 +401,8 @@ class Gateway:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        # flushes the OTLP batch: off the event loop, it may wait for the collector
+        await asyncio.to_thread(self.tracing.shutdown)
 
 
 __all__ = ["AUDITED_PATHS", "Gateway", "Publish"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors import tracecontext
+from opentelemetry import trace
 
 
 @dataclass
@@ -15,9 +15,8 @@ class Exchange:
     path: str
     body: dict[str, Any]
     headers: dict[str, str]
-    trace: tracecontext.TraceContext
+    span: trace.Span  # the gateway's OTel span of this request (tracing.py); its ids are the records' ids
     request_id: str
-    span_id: str
     engine: str
     start: float
     tenant: str = ""  # the API key's tenant; without keys, the X-Entroloop-Tenant header
@@ -33,6 +32,16 @@ class Exchange:
     entropies: list[float] = field(default_factory=list)
     token_hashes: list[int] | None = None
     """A hash of each sampled token, aligned with ``entropies``; None when the engine did not name them."""
+
+    @property
+    def trace_id(self) -> str:
+        """The trace id (32 hex digits): the client's, or the one the gateway started."""
+        return trace.format_trace_id(self.span.get_span_context().trace_id)
+
+    @property
+    def span_id(self) -> str:
+        """The gateway span's id (16 hex digits): the parent of the engine's span."""
+        return trace.format_span_id(self.span.get_span_context().span_id)
 
 
 __all__ = ["Exchange"]

@@ -489,6 +489,13 @@ class Settings(BaseSettings):
         description="Base URL of the fallback tier (an OpenAI-compatible engine) that POST /admin/routes/ROUTE/tier "
         "{\"tier\": \"fallback\"} sends the route's requests to. Empty: forcing the fallback tier answers 409.",
     )
+    gateway_otlp_endpoint: str = Field(
+        "",
+        description="OTLP/HTTP endpoint the gateway's request spans are also exported to (Jaeger, Phoenix, "
+        "Langfuse, an OTel collector), e.g. `http://otel-collector:4318` (`/v1/traces` is added to a URL without "
+        "a path). Headers such as an auth token: the standard `OTEL_EXPORTER_OTLP_HEADERS`. Empty: spans become "
+        "Span records only.",
+    )
 
     # --- gateway hardening (issue 12): API keys per tenant, body limit -----------------------------
     gateway_api_keys: SecretStr = Field(
@@ -623,6 +630,13 @@ class Settings(BaseSettings):
     def _dsn_scheme(cls, value: str) -> str:
         if value and not value.startswith(("chdb://", "http://", "https://")):
             raise ValueError("must start with chdb://, http:// or https:// (e.g. chdb:///var/lib/entroloop)")
+        return value
+
+    @field_validator("gateway_otlp_endpoint")
+    @classmethod
+    def _otlp_scheme(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL of an OTLP/HTTP receiver (e.g. http://otel-collector:4318)")
         return value
 
     @field_validator("compliance_patterns")

@@ -1,7 +1,8 @@
 """The audit gateway publishing through the node publisher to the real Kafka broker.
 
 Configured only by settings (as `entroloop gateway` is): Audit, Span and approximate TokenEntropy
-records arrive on their topics, share ids, and no raw PII is in any byte stored in Kafka.
+records arrive on their topics, share ids (the client's W3C trace id, the gateway's span a child of
+the client's), and no raw PII is in any byte stored in Kafka.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ pytestmark = pytest.mark.kafka
 EMAIL = "carol.jones@example.net"
 PHONE = "+44 20 7946 0958"
 CARD = "4111 1111 1111 1111"
+CLIENT_PARENT = "00f067aa0ba902b7"
+
+
+def _trace_id(i: int) -> str:
+    return f"4bf92f3577b34da6a3ce929d0e0e47{i:02x}"
 
 
 def _consume_raw(bootstrap: str, topics: list[str], expected: int, timeout: float = 60.0) -> list[bytes]:
@@ -54,7 +60,8 @@ def test_gateway_records_reach_kafka_redacted(kafka_bootstrap: str, topic_prefix
             for i in range(3):
                 body = {"model": "base-m", "user": f"user-{i}",
                         "messages": [{"role": "user", "content": f"I am {EMAIL}, {PHONE}, card {CARD}, #{i}"}]}
-                assert client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": f"k-{i}"}).status_code == 200
+                headers = {"X-Request-Id": f"k-{i}", "traceparent": f"00-{_trace_id(i)}-{CLIENT_PARENT}-01"}
+                assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
         publisher = app.state.publish.__self__
         publisher.close(timeout=10)
 
@@ -68,7 +75,9 @@ def test_gateway_records_reach_kafka_redacted(kafka_bootstrap: str, topic_prefix
     for i in range(3):
         mine = [r for r in records if r.request_id == f"k-{i}"]
         assert sorted(type(r).__name__ for r in mine) == ["Audit", "Span", "TokenEntropy"]
-        assert len({r.trace_id for r in mine}) == 1
+        assert {r.trace_id for r in mine} == {_trace_id(i)}  # the client's trace
+        (span,) = [r for r in mine if isinstance(r, Span)]
+        assert span.parent_span_id == CLIENT_PARENT and span.name == "gateway /v1/chat/completions"
         (audit,) = [r for r in mine if isinstance(r, Audit)]
         assert audit.redactions == {"email": 2, "phone": 2, "bank_card": 2}
         assert audit.node_id == "gw-kafka"

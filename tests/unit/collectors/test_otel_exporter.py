@@ -10,7 +10,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from collectors import tracecontext
 from collectors.otel_exporter import SpanRecordExporter
 from entroloop.contract import codec
 from entroloop.contract.records import Span
@@ -121,20 +120,3 @@ def test_request_id_recovered_from_vllm_ids() -> None:
     assert request_id_of({"gen_ai.request.id": "other-7"}, "f") == "other-7"
     assert request_id_of({"entroloop.request_id": "mine", "gen_ai.request.id": "cmpl-x-0"}, "f") == "mine"
     assert request_id_of({}, "f") == "f"
-
-
-def test_traceparent_round_trip_and_invalid_headers() -> None:
-    ctx = tracecontext.extract({"TraceParent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
-    assert (ctx.trace_id, ctx.parent_span_id, ctx.sampled) == (
-        "4bf92f3577b34da6a3ce929d0e0e4736",
-        "00f067aa0ba902b7",
-        True,
-    )
-    headers: dict[str, str] = {}
-    span_id = tracecontext.inject(headers, ctx)
-    assert headers["traceparent"] == f"00-4bf92f3577b34da6a3ce929d0e0e4736-{span_id}-01"
-    assert tracecontext.parse_traceparent(headers["traceparent"]).parent_span_id == span_id
-    for bad in ("", "garbage", "00-" + "0" * 32 + "-00f067aa0ba902b7-01", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"):
-        fresh = tracecontext.extract({"traceparent": bad})
-        assert len(fresh.trace_id) == 32 and fresh.parent_span_id == ""
-    assert tracecontext.extract({}).trace_id != tracecontext.extract({}).trace_id
