@@ -363,7 +363,7 @@ def test_entroloop_services_run_in_production_mode(services: dict[str, dict[str,
     from entroloop.contract.settings import SettingsError, load_settings
 
     env = {**env_example(), **random_passwords()}
-    for name, service in entroloop_services(services).items():
+    for name, service in {**entroloop_services(services), **serving_services(services)}.items():
         resolved = resolved_environment(service, env)
         assert resolved["ENTROLOOP_MODE"] == "production", name
         # the settings they get load in production mode (nothing missing, no placeholder) ...
