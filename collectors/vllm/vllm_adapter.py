@@ -26,6 +26,7 @@ import logging
 from typing import Any
 
 import torch
+import vllm
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
@@ -36,6 +37,7 @@ try:  # Model Runner V2 (vLLM >= 0.2x); absent in older releases.
 except ImportError:  # pragma: no cover - depends on the installed vLLM
     V2LogitsProcessor = None  # type: ignore[assignment,misc]
 
+from collectors.vllm.compat import warn_if_unsupported
 from collectors.vllm.emit import TokenEntropyEmitter, resolve_sink
 from collectors.vllm.ledger import AddedRow, MovedRow
 from collectors.vllm.tap import EntropyTap
@@ -43,6 +45,10 @@ from entroloop.contract.ids import uuid7
 from entroloop.contract.settings import load_settings
 
 log = logging.getLogger(__name__)
+
+# vLLM imports this module in every engine core when it loads its logits processors: the one place
+# that runs wherever the tap does, so a vLLM outside the tested range is reported at load time
+warn_if_unsupported(getattr(vllm, "__version__", "unknown"), log)
 
 REQUEST_ID_ARG = "entroloop_request_id"
 TRACE_ID_ARG = "entroloop_trace_id"

@@ -7,8 +7,11 @@ and add the module name to ``COMMAND_MODULES``.
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
+
+from entroloop.cli.extras import extra_for, missing_extra_message, unavailable_commands_message
 
 app = typer.Typer(
     name="entroloop",
@@ -57,12 +60,46 @@ def _root(
     """Feedback and observability pipeline for self-hosted LLM serving."""
 
 
+# Command modules that cannot be imported for want of an optional extra (a slim serving install has
+# no `store`): left out, so the rest of the CLI works; asking for one of their commands says what to install.
+UNAVAILABLE: dict[str, ModuleNotFoundError] = {}
+
 for _name in COMMAND_MODULES:
-    importlib.import_module(f"entroloop.cli.{_name}").register(app)
+    try:
+        _module = importlib.import_module(f"entroloop.cli.{_name}")
+    except ModuleNotFoundError as _exc:
+        if extra_for(_exc) is None:
+            raise
+        UNAVAILABLE[_name] = _exc
+        continue
+    _module.register(app)
+
+
+def _command_word(argv: list[str]) -> str:
+    return next((word for word in argv if not word.startswith("-")), "")
 
 
 def main() -> None:
-    app()
+    argv = sys.argv[1:]
+    word = _command_word(argv)
+    if UNAVAILABLE and word:
+        known = typer.main.get_command(app)
+        if word not in known.list_commands(known.context_class(known)):  # type: ignore[attr-defined]
+            print(unavailable_commands_message(word, UNAVAILABLE), file=sys.stderr)
+            raise SystemExit(2)
+    try:
+        app()
+    except ModuleNotFoundError as exc:  # a command's own lazy import of an extra that is not installed
+        words = []
+        for w in argv:  # the command's words, up to its first option
+            if w.startswith("-"):
+                break
+            words.append(w)
+        message = missing_extra_message(exc, " ".join(words))
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 __all__ = ["app", "main"]

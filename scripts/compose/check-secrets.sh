@@ -4,6 +4,7 @@
 # what people paste from examples (`change-me-*`, `changeme`, `password`, `minioadmin`, ...), so
 # ClickHouse, MinIO and Grafana never come up with a password everybody knows. The entroloop
 # services check their own secrets again when they load their settings (ENTROLOOP_MODE=production).
+# It also checks that Kafka's advertised address and its port binding agree.
 #
 # Usage: CHECK_SECRETS="VAR1 VAR2" check-secrets.sh   (POSIX sh and builtins only: it runs in the
 # minio/mc image, which has no coreutils to speak of). Values are never printed.
@@ -45,6 +46,19 @@ for pair in "MINIO_AUDIT_WRITER_USER" "MINIO_AUDIT_READER_USER"; do
         fail "$pair equals MINIO_ROOT_USER; the audit services must use their own limited user"
     fi
 done
+
+# Kafka's EXTERNAL listener: advertising a host that serving nodes elsewhere resolve, while the port
+# is published on the loopback address only, gives them an address they can never connect to
+case "${KAFKA_ADVERTISED_HOST:-localhost}" in
+    localhost|127.*|::1) ;;
+    *)
+        case "${KAFKA_BIND_ADDRESS:-127.0.0.1}" in
+            127.*|localhost|::1)
+                fail "KAFKA_ADVERTISED_HOST is ${KAFKA_ADVERTISED_HOST} but KAFKA_BIND_ADDRESS is ${KAFKA_BIND_ADDRESS:-127.0.0.1}: remote serving nodes could not connect; set KAFKA_BIND_ADDRESS=0.0.0.0 (or this host's address) in .env"
+                ;;
+        esac
+        ;;
+esac
 
 if [ "$failed" -ne 0 ]; then
     printf 'check-secrets: refusing to start the stack (see .env.example)\n' >&2

@@ -1,5 +1,7 @@
 """docker-compose.yml agrees with the code: commands exist in the CLI, variables exist in Settings,
-Grafana's provisioning paths exist, infrastructure has healthchecks and named volumes.
+Grafana's provisioning paths exist, infrastructure has healthchecks and named volumes, every
+long-running entroloop service is health-checked on the port it serves /metrics on, the gateway
+fronts the vLLM service of the cpu or gpu profile, and Kafka advertises a configurable address.
 
 No Docker engine is needed: the file is parsed as YAML (``docker compose config`` also runs when a
 ``docker`` client is installed). A service whose command names a CLI command that does not exist
@@ -12,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +41,21 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return compose["services"]
 
 
+def dockerfile(service: dict[str, Any]) -> str | None:
+    build = service.get("build")
+    if build is None:
+        return None
+    return "Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile")
+
+
 def entroloop_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Services run from the repository's Dockerfile (ENTRYPOINT entroloop)."""
-    return {name: s for name, s in services.items() if "build" in s}
+    return {name: s for name, s in services.items() if dockerfile(s) == "Dockerfile"}
+
+
+def serving_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """vLLM with entroloop's serving install (Dockerfile.serving; ENTRYPOINT vllm serve)."""
+    return {name: s for name, s in services.items() if dockerfile(s) == "Dockerfile.serving"}
 
 
 def environment(service: dict[str, Any]) -> dict[str, str]:
@@ -77,7 +92,9 @@ def resolve_command(tokens: list[str]) -> Any:
 
 def test_compose_parses_and_has_the_stack(services: dict[str, dict[str, Any]]) -> None:
     expected = {"kafka", "clickhouse", "minio", "minio-init", "grafana", "migrate", "worker", "sink-clickhouse",
-                "sink-audit", "trainer", "actions"}
+                "sink-audit", "trainer", "actions", "gateway", "vllm-cpu", "vllm-gpu"}
+    assert set(entroloop_services(services)) | set(serving_services(services)) == {
+        name for name, s in services.items() if "build" in s}, "a built service from an unknown Dockerfile"
     assert expected <= set(services), f"missing services: {expected - set(services)}"
     assert services["kafka"]["image"].startswith("apache/kafka:4.")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
@@ -93,7 +110,7 @@ def test_every_entroloop_command_exists_in_the_cli(services: dict[str, dict[str,
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r'^ENTRYPOINT \["entroloop"\]', dockerfile, re.M), "the image's entrypoint must be the CLI"
     ours = entroloop_services(services)
-    assert {"migrate", "worker", "sink-clickhouse", "sink-audit", "trainer", "actions"} <= set(ours)
+    assert {"migrate", "worker", "sink-clickhouse", "sink-audit", "trainer", "actions", "gateway"} <= set(ours)
     for name, service in ours.items():
         command = service.get("command")
         assert isinstance(command, list) and command, f"{name}: command must be a list of CLI words"
@@ -346,7 +363,7 @@ def test_entroloop_services_run_in_production_mode(services: dict[str, dict[str,
     from entroloop.contract.settings import SettingsError, load_settings
 
     env = {**env_example(), **random_passwords()}
-    for name, service in entroloop_services(services).items():
+    for name, service in {**entroloop_services(services), **serving_services(services)}.items():
         resolved = resolved_environment(service, env)
         assert resolved["ENTROLOOP_MODE"] == "production", name
         # the settings they get load in production mode (nothing missing, no placeholder) ...
@@ -459,3 +476,199 @@ def test_grafana_reads_clickhouse_as_a_read_only_user(services: dict[str, dict[s
     assert profile.findtext("readonly") == "1"
     assert account.findtext("access_management") == "0"
     assert [q.text for q in account.findall("grants/query")] == ["GRANT SELECT ON entroloop.*"]
+
+
+# --- issue 13 item 5: healthchecks on /metrics, the gateway and vLLM, Kafka for remote nodes -------
+
+METRICS_URL = re.compile(r"http://127\.0\.0\.1:(\d+)/metrics")
+# the CLI modules whose long-running commands start entroloop.infra.metrics.serve_metrics
+SERVES_METRICS = "serve_metrics(settings.metrics_port)"
+
+
+def healthcheck_command(service: dict[str, Any]) -> list[str]:
+    test = (service.get("healthcheck") or {}).get("test")
+    assert isinstance(test, list) and test[0] == "CMD", f"healthcheck must be an exec-form CMD list: {test}"
+    return test[1:]
+
+
+def metrics_port(service: dict[str, Any]) -> int:
+    match = METRICS_URL.search(" ".join(healthcheck_command(service)))
+    assert match, f"healthcheck does not scrape /metrics: {service.get('healthcheck')}"
+    return int(match.group(1))
+
+
+def test_every_long_running_entroloop_service_is_checked_on_its_metrics_port(
+        services: dict[str, dict[str, Any]]) -> None:
+    import inspect
+
+    checked = []
+    for name, service in entroloop_services(services).items():
+        if service.get("restart") == "no":  # one shot (migrate, fleet): no server, no healthcheck
+            assert service.get("healthcheck") == {"disable": True}, f"{name}: a one-shot service must disable the healthcheck"
+            continue
+        env = environment(service)
+        command = resolve_command(service["command"])
+        port = metrics_port(service)
+        if service["command"][0] == "gateway":  # its own route: GET /metrics on the gateway port
+            assert port == int(env["ENTROLOOP_GATEWAY_PORT"]), name
+            assert env["ENTROLOOP_GATEWAY_HOST"] == "0.0.0.0", "the gateway must listen beyond the container's loopback"
+        else:
+            assert port == int(env["ENTROLOOP_METRICS_PORT"]) > 0, f"{name}: healthcheck port != ENTROLOOP_METRICS_PORT"
+            source = inspect.getsource(inspect.getmodule(command.callback))
+            assert SERVES_METRICS in source, f"{name}: `entroloop {' '.join(service['command'])}` serves no /metrics"
+        checked.append(name)
+    assert {"gateway", "worker", "sink-clickhouse", "sink-audit", "actions", "trainer"} <= set(checked)
+
+
+def _run_healthcheck(command: list[str], port_from: int, port_to: int) -> subprocess.CompletedProcess[str]:
+    program, *args = command
+    assert program in ("python", "python3"), "the entroloop image has no curl or wget: use its Python"
+    args = [a.replace(f"127.0.0.1:{port_from}/", f"127.0.0.1:{port_to}/") for a in args]
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=30, check=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_metrics_healthcheck_passes_on_a_metrics_server_and_fails_without(
+        services: dict[str, dict[str, Any]]) -> None:
+    """The worker's healthcheck command, run for real: against entroloop's metrics server it exits 0,
+    against a closed port it does not (so an unhealthy container is reported)."""
+    from prometheus_client import CollectorRegistry
+
+    from entroloop.infra.metrics import serve_metrics
+
+    command = healthcheck_command(services["worker"])
+    port = _free_port()
+    assert serve_metrics(port, addr="127.0.0.1", registry=CollectorRegistry())
+    assert _run_healthcheck(command, 9100, port).returncode == 0
+    assert _run_healthcheck(command, 9100, _free_port()).returncode != 0
+
+
+def test_the_gateway_healthcheck_scrapes_a_real_gateway(services: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """`entroloop gateway` started as compose starts it (API keys set, engine not up yet): its
+    healthcheck passes without a key, since /metrics is open and answers while the engine is down."""
+    import time
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env.update({"ENTROLOOP_DATA_DIR": str(tmp_path), "ENTROLOOP_GATEWAY_HOST": "127.0.0.1",
+                "ENTROLOOP_GATEWAY_PORT": str(port), "ENTROLOOP_GATEWAY_UPSTREAM": f"http://127.0.0.1:{_free_port()}",
+                "ENTROLOOP_GATEWAY_API_KEYS": "acme:0123456789abcdef0123,admin:fedcba9876543210fedc",
+                "ENTROLOOP_GATEWAY_ENGINE": "vllm"})
+    command = healthcheck_command(services["gateway"])
+    gateway = subprocess.Popen([sys.executable, "-m", "entroloop.cli", "gateway", "--log-level", "warning"], cwd=ROOT,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (result := _run_healthcheck(command, 8080, port)).returncode != 0:
+            assert gateway.poll() is None, gateway.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, result.stderr[-2000:]
+            time.sleep(0.5)
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=30)
+    assert _run_healthcheck(command, 8080, port).returncode != 0, "a stopped gateway must fail its healthcheck"
+
+
+def test_the_gateway_fronts_the_vllm_service_of_either_profile(services: dict[str, dict[str, Any]]) -> None:
+    env = {**env_example(), **random_passwords()}
+    gateway = resolved_environment(services["gateway"], env)
+    assert gateway["ENTROLOOP_GATEWAY_UPSTREAM"] == "http://vllm:8000"
+    assert "profiles" not in services["gateway"], "the gateway runs in every profile (or in front of your engine)"
+    engines = serving_services(services)
+    assert set(engines) == {"vllm-cpu", "vllm-gpu"}
+    assert {name: s["profiles"] for name, s in engines.items()} == {"vllm-cpu": ["cpu"], "vllm-gpu": ["gpu"]}
+    for name, engine in engines.items():
+        assert engine["networks"]["default"]["aliases"] == ["vllm"], f"{name} must answer to the gateway's upstream"
+        assert "--port=8000" in engine["command"]
+        # the gateway waits for whichever engine runs, and starts without one
+        assert services["gateway"]["depends_on"][name] == {"condition": "service_healthy", "required": False}
+        check = " ".join(healthcheck_command(engine))
+        assert "http://127.0.0.1:8000/health" in check
+        resolved = resolved_environment(engine, env)
+        assert resolved["ENTROLOOP_KAFKA_BOOTSTRAP"] == "kafka:9092"
+        assert resolved["ENTROLOOP_ENTROPY_TAP_ENABLED"] == "true" and resolved["ENTROLOOP_OTEL_SPANS_ENABLED"] == "true"
+        assert resolved["ENTROLOOP_NODE_ID"] == name
+        assert any(v.endswith(":/var/lib/entroloop") for v in engine["volumes"]), "the publisher's spool needs a volume"
+        assert engine["depends_on"]["kafka"] == {"condition": "service_healthy"}
+        assert "ENTROLOOP_CLICKHOUSE_PASSWORD" not in resolved and "ENTROLOOP_PII_HASH_KEY" not in resolved, \
+            "a serving node holds no store or gateway secret"
+    cpu_image = interpolate(services["vllm-cpu"]["build"]["args"]["VLLM_IMAGE"], env)
+    gpu_image = interpolate(services["vllm-gpu"]["build"]["args"]["VLLM_IMAGE"], env)
+    assert cpu_image.startswith("vllm/vllm-openai-cpu:v") and gpu_image.startswith("vllm/vllm-openai:v")
+    assert "VLLM_CPU_KVCACHE_SPACE" in environment(services["vllm-cpu"])
+    (device,) = services["vllm-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    # the action runner calls the gateway's admin API
+    assert resolved_environment(services["actions"], env)["ENTROLOOP_ACTIONS_GATEWAY_URL"] == "http://gateway:8080"
+
+
+def test_the_serving_image_is_vllms_with_the_slim_install() -> None:
+    text = (ROOT / "Dockerfile.serving").read_text()
+    code = re.sub(r"(?m)^\s*#.*$", "", text)
+    default = re.search(r"^ARG VLLM_IMAGE=(\S+)$", code, re.M)
+    assert default and default.group(1).startswith("vllm/vllm-openai:v")
+    assert re.search(r"^FROM \$\{VLLM_IMAGE\}$", code, re.M)
+    assert '"/tmp/entroloop-src[serving]"' in code and "store" not in code
+    assert "-c /tmp/base-constraints.txt" in code, "the install must not move vLLM's own packages"
+    for forbidden in ("chdb", "pyarrow", "pandas", "clickhouse-connect"):
+        assert forbidden in code, f"the build must refuse {forbidden} among the added packages"
+    assert "vllm.logits_processors" in code and "vllm.general_plugins" in code
+    assert not re.search(r"^(ENTRYPOINT|CMD)\b", code, re.M), "keep vLLM's own ENTRYPOINT (vllm serve)"
+
+
+def test_kafka_advertises_a_configurable_address(services: dict[str, dict[str, Any]]) -> None:
+    kafka = services["kafka"]
+    env = {**env_example(), **random_passwords()}
+
+    def listeners(values: dict[str, str]) -> tuple[str, list[str]]:
+        advertised = interpolate(kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"], values)
+        ports = [interpolate(p, values) for p in kafka["ports"]]
+        return advertised, ports
+
+    advertised, ports = listeners(env)
+    assert advertised == "INTERNAL://kafka:9092,EXTERNAL://localhost:9094"
+    assert ports == ["127.0.0.1:9094:9094"], "by default only tools on this host reach Kafka"
+    advertised, ports = listeners({k: v for k, v in env.items() if not k.startswith("KAFKA_")})
+    assert advertised.endswith("EXTERNAL://localhost:9094") and ports == ["127.0.0.1:9094:9094"], "defaults without .env"
+    remote = {**env, "KAFKA_ADVERTISED_HOST": "kafka.example.internal", "KAFKA_BIND_ADDRESS": "0.0.0.0"}
+    advertised, ports = listeners(remote)
+    assert advertised == "INTERNAL://kafka:9092,EXTERNAL://kafka.example.internal:9094"
+    assert ports == ["0.0.0.0:9094:9094"]
+    assert "EXTERNAL://0.0.0.0:9094" in kafka["environment"]["KAFKA_LISTENERS"]
+
+    # check-secrets refuses a remote advertised host the loopback binding would make unreachable
+    secrets = random_passwords()
+    mismatch = run_check_secrets(services, {**secrets, "KAFKA_ADVERTISED_HOST": "10.1.2.3"})
+    assert mismatch.returncode != 0
+    assert "KAFKA_ADVERTISED_HOST is 10.1.2.3 but KAFKA_BIND_ADDRESS is 127.0.0.1" in mismatch.stderr
+    assert "KAFKA_BIND_ADDRESS=0.0.0.0" in mismatch.stderr
+    ok = run_check_secrets(services, {**secrets, "KAFKA_ADVERTISED_HOST": "10.1.2.3", "KAFKA_BIND_ADDRESS": "0.0.0.0"})
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_grafana_and_clickhouse_agree_on_the_read_only_user(services: dict[str, dict[str, Any]]) -> None:
+    """The datasource's user, password variable and database are those the users.d file defines,
+    grants and reads the password of; both containers get the password from one compose variable."""
+    import xml.etree.ElementTree as ET
+
+    source = yaml.safe_load((ROOT / "dashboards/provisioning/datasources/clickhouse.yaml").read_text())["datasources"][0]
+    user = source["jsonData"]["username"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["clickhouse"]["volumes"]}
+    config = ET.parse(ROOT / mounts[f"/etc/clickhouse-server/users.d/{user}.xml"]).getroot()
+    account = config.find(f"users/{user}")
+    password_env = account.find("password").get("from_env")
+    (grafana_var,) = references(source["secureJsonData"]["password"])
+    assert references(environment(services["clickhouse"])[password_env]) == \
+        references(environment(services["grafana"])[grafana_var]) == {"CLICKHOUSE_GRAFANA_PASSWORD"}
+    database = source["jsonData"]["defaultDatabase"]
+    assert [q.text for q in account.findall("grants/query")] == [f"GRANT SELECT ON {database}.*"]
+    for name, service in entroloop_services(services).items():
+        assert environment(service)["ENTROLOOP_CLICKHOUSE_DATABASE"] == database, name
+    assert config.findtext(f"profiles/{account.findtext('profile')}/readonly") == "1"
