@@ -25,6 +25,7 @@ ENGINE_SPAN = "llm_request"
 LATENCY_STAGES = ("queue", "prefill", "decode", "ttft", "tpot", "e2e")
 BAD_CASES_SHOWN = 12
 ALERTS_SHOWN = 20
+REQUESTS_SHOWN = 20
 ADAPTERS_SHOWN = 50
 
 Points = list[tuple[float, float]]
@@ -81,6 +82,7 @@ class ReportData:
     funnel: list[tuple[str, float]] = field(default_factory=list)
     negative_rating: int = -1
     worst_requests: list[dict[str, Any]] = field(default_factory=list)
+    latest_requests: list[dict[str, Any]] = field(default_factory=list)  # the latest REQUESTS_SHOWN audited
     alerts: list[dict[str, Any]] = field(default_factory=list)  # the latest ALERTS_SHOWN
     bad_cases: list[BadCaseRow] = field(default_factory=list)  # the latest BAD_CASES_SHOWN
     adapters: list[dict[str, Any]] = field(default_factory=list)
@@ -199,7 +201,8 @@ def _load_entropy(r: _Reader, data: ReportData) -> None:
 
 def _load_rates(r: _Reader, data: ReportData) -> None:
     bucket = _bucket(data)
-    requests = f"SELECT {bucket} AS t, count() AS n FROM {{db}}.audit_index FINAL WHERE {{in_window}} GROUP BY t"
+    # a request is its audit's first part (a large audit is published in parts, migration 0008)
+    requests = f"SELECT {bucket} AS t, count() AS n FROM {{db}}.audit_index FINAL WHERE {{in_window}} AND part_index = 0 GROUP BY t"
     rules = ", ".join(f"'{rule}'" for rule in ALERT_RULES)
     data.anomaly_rates = _series(r.rows(f"""
         SELECT req.t, rule_name, if(req.n = 0, 0, coalesce(a.n, 0) / req.n)
@@ -211,7 +214,7 @@ def _load_rates(r: _Reader, data: ReportData) -> None:
         ORDER BY req.t"""))
     data.fallback_rates = _series(r.rows(f"""
         SELECT req.t, req.route, coalesce(f.n, 0) / req.n
-        FROM (SELECT {bucket} AS t, route, count() AS n FROM {{db}}.audit_index FINAL WHERE {{in_window}} GROUP BY t, route) AS req
+        FROM (SELECT {bucket} AS t, route, count() AS n FROM {{db}}.audit_index FINAL WHERE {{in_window}} AND part_index = 0 GROUP BY t, route) AS req
         LEFT JOIN (SELECT {bucket} AS t, route, count() AS n FROM {{db}}.fallbacks FINAL WHERE {{in_window}} GROUP BY t, route) AS f
             ON f.t = req.t AND f.route = req.route
         ORDER BY req.t"""))
@@ -356,6 +359,29 @@ def _load_tables(r: _Reader, data: ReportData) -> None:
             FROM {{db}}.alerts FINAL WHERE {{in_window}} AND rule IN ({rules}) GROUP BY request_id
         ) AS a ON te.request_id = a.request_id
         ORDER BY te.mean_e DESC""")
+    # the latest audited requests, with their trace, the engine's timings and their entropy
+    latest = f"""SELECT request_id FROM {{db}}.audit_index FINAL WHERE {{in_window}} AND part_index = 0
+                  ORDER BY emitted_at DESC, event_id LIMIT {REQUESTS_SHOWN}"""
+    data.latest_requests = r.dicts(f"""
+        SELECT toFloat64(a.emitted_at) AS at, a.request_id AS request_id, a.trace_id AS trace_id, a.audit_id AS audit_id, a.model AS model,
+               a.route AS route, a.adapter AS adapter, a.outcome AS outcome, s.ttft AS `ttft`, s.e2e AS `e2e`,
+               s.tokens AS `output tokens`, round(te.mean_e, 3) AS `mean entropy (nats)`, al.rules AS alerts
+        FROM (SELECT * FROM {{db}}.audit_index FINAL WHERE {{in_window}} AND request_id IN ({latest}) AND part_index = 0) AS a
+        LEFT JOIN (
+            SELECT request_id, toNullable(toFloat64(any(ttft_s))) AS ttft, toNullable(toFloat64(any(e2e_s))) AS e2e,
+                   any(output_tokens) AS tokens
+            FROM {{db}}.spans FINAL WHERE {{in_window}} AND name = '{ENGINE_SPAN}' AND request_id IN ({latest})
+            GROUP BY request_id
+        ) AS s ON s.request_id = a.request_id
+        LEFT JOIN (
+            SELECT request_id, toNullable(sum(arraySum(entropies)) / greatest(sum(length(entropies)), 1)) AS mean_e
+            FROM {{db}}.token_entropy FINAL WHERE {{in_window}} AND request_id IN ({latest}) GROUP BY request_id
+        ) AS te ON te.request_id = a.request_id
+        LEFT JOIN (
+            SELECT request_id, arrayStringConcat(groupUniqArray(rule), ', ') AS rules
+            FROM {{db}}.alerts FINAL WHERE {{in_window}} AND request_id IN ({latest}) GROUP BY request_id
+        ) AS al ON al.request_id = a.request_id
+        ORDER BY a.emitted_at DESC, a.request_id""")
     data.alerts = r.dicts(f"""
         SELECT toFloat64(emitted_at) AS at, rule, severity, model, route, request_id,
                round(toFloat64(value), 3) AS value, round(toFloat64(threshold), 3) AS threshold, detail

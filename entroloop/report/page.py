@@ -20,7 +20,14 @@ from html import escape
 from typing import Any
 
 from entroloop.report.cases import bad_case_html
-from entroloop.report.data import ALERTS_SHOWN, BAD_CASES_SHOWN, ENGINE_SPAN, LATENCY_STAGES, ReportData
+from entroloop.report.data import (
+    ALERTS_SHOWN,
+    BAD_CASES_SHOWN,
+    ENGINE_SPAN,
+    LATENCY_STAGES,
+    REQUESTS_SHOWN,
+    ReportData,
+)
 from entroloop.report.svg import (
     Chart,
     bar_chart,
@@ -48,7 +55,7 @@ svg.plot{width:100%;height:auto;display:block}
 .caption{color:#666;font-size:12px;margin:6px 0 0}
 .scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;font-size:12px;margin:4px 0} th,td{border-bottom:1px solid #eee;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#fafafa;white-space:nowrap} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+th{background:#fafafa;white-space:nowrap} td.id{white-space:nowrap;font-family:ui-monospace,monospace;font-size:11px} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 code{font-size:12px;overflow-wrap:anywhere}
 .case{border-top:1px solid #eee;padding:10px 0} .case:first-of-type{border-top:0}
 .case-head{margin:0 0 6px;font-size:13px;overflow-wrap:anywhere}
@@ -106,6 +113,8 @@ def _cell(column: str, value: Any) -> str:
         return "<td>" + "<br>".join(f"{escape(str(k))}: {escape(_short(v))}" for k, v in value.items()) + "</td>"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"<td class='num'>{escape(_short(value))}</td>"
+    if column.endswith("_id"):  # ids are copied whole into commands and queries: never wrapped
+        return f"<td class='id'>{escape(str(value))}</td>"
     return f"<td>{escape(str(value))}</td>"
 
 
@@ -224,6 +233,10 @@ def render_page(data: ReportData, title: str = "entroloop operator report",
               "Highlighted: the minimal failing example, the smallest whole-chunk span of the output whose "
               "replacement gives the correction. Labels come from the response rules and the user's error type.",
               wide=True, key="bad-cases"),
+        _card("Latest requests", _table(data.latest_requests, "no audited request in the window", _latency_cell),
+              f"The {REQUESTS_SHOWN} latest audited answers: their trace id (W3C), the engine's time to first token and "
+              "end-to-end time, output tokens, mean entropy and any alert about them. Prompts and answers stay in the "
+              "write-once audit log: `entroloop audit get --audit-id AUDIT_ID`.", wide=True, key="requests"),
         _card(f"Latest alerts (up to {ALERTS_SHOWN} of {data.table_rows.get('alerts', 0):,})",
               _table(data.alerts, "no alert in the window"), wide=True, key="alerts"),
         _card("Adapters", _table(data.adapters, "no adapter registered or changing state in the window"),

@@ -71,6 +71,9 @@ def fill(sink: ClickHouseSink, adapter_dir: Path) -> ReportStore:
         records.append(_span(node, LATE + i, rid, "m-a", queue_s=0.01 * (i + 1), prefill_s=0.1 * (i + 1),
                              decode_s=1.0 * (i + 1), ttft_s=0.2 * (i + 1), tpot_s=0.01 * (i + 1),
                              e2e_s=1.11 * (i + 1), output_tokens=100))
+    # the audit of late-a-0, with the client's trace id (the latest-requests table joins its span and entropy)
+    records.append(Audit(**node.stamp(LATE + 0.5), request_id="late-a-0", trace_id="ab" * 16, audit_id="audit-late-a-0",
+                         model="m-a", route="support", prompt="Hi", response="Hello"))
     store.late_request_ids["chunked"] = "late-a-chunked"
     records.append(_entropy(node, LATE + 5, "late-a-chunked", "m-a", [1.0] * 10, chunk=0, final=False))
     records.append(_entropy(node, LATE + 6, "late-a-chunked", "m-a", [3.1] * 30, chunk=1))

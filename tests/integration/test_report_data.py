@@ -34,9 +34,9 @@ def everything(store, chdb_client):
 
 def test_row_counts_cover_the_window_only(late, everything):
     assert late.window == LATE_WINDOW
-    inside = {"token_entropy": 7, "spans": 6, "audit_index": 2, "feedback": 3, "bad_cases": 2, "alerts": 1}
+    inside = {"token_entropy": 7, "spans": 6, "audit_index": 3, "feedback": 3, "bad_cases": 2, "alerts": 1}
     assert {t: late.table_rows[t] for t in inside} == inside
-    whole = {"token_entropy": 11, "spans": 10, "audit_index": 3, "feedback": 4, "bad_cases": 3, "alerts": 2}
+    whole = {"token_entropy": 11, "spans": 10, "audit_index": 4, "feedback": 4, "bad_cases": 3, "alerts": 2}
     assert {t: everything.table_rows[t] for t in whole} == whole
     # the time axis spans the requests stored in the window (the last: the audit at LATE + 16)
     assert (late.start, late.end) == (pytest.approx(LATE), pytest.approx(LATE + 16))
@@ -81,6 +81,17 @@ def test_bad_cases_keep_texts_diff_and_minimal_example(late, everything):
     assert {"number", "wrong_amount"} <= set(case.labels)
     assert SCRIPT in late.bad_cases[0].correction  # stored as the user sent it; the page escapes it
     assert len(everything.bad_cases) == 3
+
+
+def test_latest_requests_join_trace_timings_entropy_and_alerts(late):
+    rows = {row["request_id"]: row for row in late.latest_requests}
+    assert list(rows) == ["late-script", "late-case", "late-a-0"]  # newest first, the window's audits only
+    first = rows["late-a-0"]
+    assert (first["trace_id"], first["audit_id"], first["model"]) == ("ab" * 16, "audit-late-a-0", "m-a")
+    # the engine's span (not the gateway's 50 s / 100 s one) and the request's token-weighted entropy
+    assert first["ttft"] == pytest.approx(0.2, rel=1e-5) and first["e2e"] == pytest.approx(1.11, rel=1e-5)
+    assert first["output tokens"] == 100 and first["mean entropy (nats)"] == pytest.approx(2.04, abs=0.01)
+    assert rows["late-case"]["ttft"] is None  # no span stored for it: shown as '-', not 0
 
 
 def test_alerts_funnel_and_tables_follow_the_window(late, everything):
