@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any
 
+from entroloop.contract.settings import Settings
 from entroloop.report.cases import bad_case_html
 from entroloop.report.data import (
     ALERTS_SHOWN,
@@ -94,10 +95,11 @@ TIME_COLUMNS = {"at", "registered", "status since", "promoted", "rolled back"}
 @dataclass(frozen=True)
 class EntropyThresholds:
     """The per-token thresholds of the loop and gibberish rules (ENTROLOOP_LOOP_THRESHOLD_NATS,
-    ENTROLOOP_GIBBERISH_THRESHOLD_NATS), marked on the entropy distribution."""
+    ENTROLOOP_GIBBERISH_THRESHOLD_NATS), marked on the entropy distribution; the defaults are the
+    settings' defaults, the command passes the configured values."""
 
-    loop_nats: float = 1.5
-    gibberish_nats: float = 4.5
+    loop_nats: float = Settings.model_fields["loop_threshold_nats"].default
+    gibberish_nats: float = Settings.model_fields["gibberish_threshold_nats"].default
 
 
 def _when(t: float | None) -> str:

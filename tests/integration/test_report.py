@@ -156,3 +156,20 @@ def test_since_until_narrow_every_section_and_show_in_the_header(report_page, de
     rows = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
     assert not any(rows[t] for t in ("token_entropy", "spans", "audit_index", "feedback", "alerts", "bad_cases"))
     assert "no token entropy stored in the window" in empty.read_text(encoding="utf-8")
+
+
+def test_the_distribution_marks_the_configured_thresholds(demo_data_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.integration.demo_folder import REPO_ROOT
+
+    folder, _ = demo_data_dir
+    out = tmp_path / "thresholds.html"
+    env = {**os.environ, "ENTROLOOP_LOOP_THRESHOLD_NATS": "2.25", "ENTROLOOP_GIBBERISH_THRESHOLD_NATS": "6.5"}
+    proc = subprocess.run([sys.executable, "-m", "entroloop.cli", "report", "--data-dir", str(folder), "--out", str(out)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    html = out.read_text(encoding="utf-8")
+    assert ">loop &lt; 2.25</text>" in html and ">gibberish &gt; 6.5</text>" in html
