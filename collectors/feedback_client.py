@@ -9,8 +9,8 @@ answer.feedback_id  # pass it back as feedback_id= to retry the same feedback sa
 ```
 
 ``request_id`` is the ``X-Request-Id`` header of the completion response the feedback is about.
-``rating`` is on the scale -10..10; ratings at or below ``ENTROLOOP_BADCASE_NEGATIVE_RATING``
-(default 2) count as negative.
+``rating`` is on the signed scale -10..10: below 0 is negative (thumbs -1/+1, five stars as -2..+2);
+the threshold is ``ENTROLOOP_BADCASE_NEGATIVE_RATING`` (default -1).
 """
 
 from __future__ import annotations

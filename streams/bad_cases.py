@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import msgspec
 
-from entroloop.contract.records import Audit, BadCase, Event, Feedback
+from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, Event, Feedback
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor, redactor_for_service
 from streams.base import Processor, derive
@@ -202,7 +202,7 @@ class BadCaseJoiner(Processor):
         rules: ResponseRules | None = None,
         ttl_s: float = 7 * 86_400,
         regression_confidence: float = 0.8,
-        negative_rating: int = 2,
+        negative_rating: int = NEGATIVE_RATING,
         state: MutableMapping[str, JoinEntry] | None = None,
         redactor: PiiRedactor | None = None,
     ) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from entroloop.contract.records import Audit, BadCase, Feedback
+from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, Feedback
 
 CORRECTION = "correction"
 REPLAY = "replay"
@@ -151,7 +151,7 @@ def build_dataset(
     *,
     replay_ratio: float = 1.0,
     heldout_fraction: float = 0.2,
-    negative_rating: int = 2,
+    negative_rating: int = NEGATIVE_RATING,
     seed: str = "",
 ) -> TrainingData:
     """Build the job's data set; deterministic for the same inputs (in any order) and ``seed``.

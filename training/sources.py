@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from entroloop.contract.records import Audit, BadCase, Event, RetrainRequest
+from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, Event, RetrainRequest
 
 AUDIT_FIELDS = tuple(f for f in Audit.__struct_fields__)
 BAD_CASE_COLUMNS = ("event_id", "emitted_at", "node_id", "seq", "request_id", "trace_id", "model", "route",
@@ -55,7 +55,7 @@ class WarehouseSource:
     """
 
     def __init__(self, client: Any, database: str, store: Any, *, replay_ratio: float = 1.0,
-                 negative_rating: int = 2, oversample: float = 2.0, max_replay: int = 2000) -> None:
+                 negative_rating: int = NEGATIVE_RATING, oversample: float = 2.0, max_replay: int = 2000) -> None:
         self.client = client
         self.database = database
         self.store = store

@@ -1,9 +1,8 @@
 """``POST /v1/feedback``: a user's verdict on one answer, published as a ``Feedback`` record.
 
 The request names the answer by ``request_id`` (the ``X-Request-Id`` every completion response
-carries). ``rating`` is on the contract's one scale, ``RATING_MIN..RATING_MAX`` (-10..10); a rating
-at or below ``ENTROLOOP_BADCASE_NEGATIVE_RATING`` (default 2) counts as negative, the meaning the
-bad-case joiner uses. The API key is required (``auth.py``); its tenant goes into the event id.
+carries). ``rating`` is on the contract's one signed scale, ``RATING_MIN..RATING_MAX`` (-10..10): below
+0 is negative (``ENTROLOOP_BADCASE_NEGATIVE_RATING``, default -1, the threshold every stage reads). The API key is required (``auth.py``); its tenant goes into the event id.
 
 * ``correction`` and ``comment`` are PII-redacted and ``user_id`` is pseudonymised with the
   gateway's redactor before anything is published, as on the audit path.

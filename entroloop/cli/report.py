@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
         dsn = settings.resolved_clickhouse_dsn()
         try:
             client = connect(dsn, settings.clickhouse_password.get_secret_value())
-            data = load_report_data(client, settings.clickhouse_database, window)
+            data = load_report_data(client, settings.clickhouse_database, window,
+                                    negative_rating=settings.badcase_negative_rating)
         except ClickHouseLocked as exc:
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(3) from None

@@ -42,6 +42,7 @@ Scalar = str | int | float | bool | None
 # Int8, so anything wider (rating=1000) used to fail the insert of the whole batch.
 RATING_MIN = -10
 RATING_MAX = 10
+NEGATIVE_RATING = -1  # the signed scale: a rating at or below this (below 0) is a negative verdict
 # Event times (unix seconds) end before 2100-01-01: 1e12 is milliseconds sent as seconds, and
 # ClickHouse's DateTime64 ends in 2299. Too old (a 1970 clock) is the codec's time window's call.
 LATEST_EVENT_TIME = 4_102_444_800.0
@@ -212,9 +213,10 @@ class Audit(Event, tag="audit"):
 class Feedback(Event, tag="feedback"):
     """A user's verdict on one answer; ``corrected_answer`` is what the answer should have been.
 
-    ``rating`` is on the documented scale ``RATING_MIN..RATING_MAX`` (-10..10): thumbs down/up as
-    -1/+1, stars as 1..5, scores as 0..10; ``ENTROLOOP_BADCASE_NEGATIVE_RATING`` says which values
-    count as negative. A rating outside the scale is rejected at decode (a dead letter).
+    ``rating`` is on the documented signed scale ``RATING_MIN..RATING_MAX`` (-10..10) whose sign is the
+    verdict: below 0 negative, 0 neutral, above 0 positive (thumbs down/up as -1/+1, five stars as
+    -2..+2, a 0..10 score as -5..+5). ``ENTROLOOP_BADCASE_NEGATIVE_RATING`` (default -1) is the one
+    "negative" threshold every stage reads. A rating outside the scale is rejected at decode (a dead letter).
     """
 
     rating: Rating

@@ -20,6 +20,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from entroloop.contract.records import NEGATIVE_RATING
 from entroloop.contract.secret_files import (
     SecretFileError,
     SecretFileVariablesSource,
@@ -256,7 +257,9 @@ class Settings(BaseSettings):
         0.8, ge=0, le=1, description="Bad cases at or above this confidence join the regression suite."
     )
     badcase_negative_rating: int = Field(
-        2, description="Feedback ratings at or below this count as negative (raises bad-case confidence)."
+        NEGATIVE_RATING, description="Feedback ratings at or below this count as negative: in the bad-case confidence, the "
+        "training data's rejected answers and the report (the rating scale is signed, below 0 is negative; "
+        "Grafana's panels use < 0).",
     )
     compliance_lexicon: list[str] = Field(
         [],

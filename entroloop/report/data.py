@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from entroloop.contract.records import NEGATIVE_RATING
 from entroloop.report.window import ReportWindow
 
 BUCKET_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
@@ -80,7 +81,7 @@ class ReportData:
     # one row per model (and "all models"): request count and p50/p95 of each stage, seconds (None: not reported)
     latency_stages: list[dict[str, Any]] = field(default_factory=list)
     funnel: list[tuple[str, float]] = field(default_factory=list)
-    negative_rating: int = -1
+    negative_rating: int = NEGATIVE_RATING
     worst_requests: list[dict[str, Any]] = field(default_factory=list)
     latest_requests: list[dict[str, Any]] = field(default_factory=list)  # the latest REQUESTS_SHOWN audited
     alerts: list[dict[str, Any]] = field(default_factory=list)  # the latest ALERTS_SHOWN
@@ -139,7 +140,7 @@ EVENT_TABLES = ("token_entropy", "spans", "audit_index", "feedback", "fallbacks"
 
 
 def load_report_data(client: Any, database: str = "entroloop", window: ReportWindow | None = None,
-                     negative_rating: int = -1) -> ReportData:
+                     negative_rating: int = NEGATIVE_RATING) -> ReportData:
     """Everything the page shows, for events inside ``window`` (default: all stored events).
 
     ``negative_rating``: feedback rated at or below it counts as negative in the funnel; the default

@@ -23,7 +23,7 @@ def _inputs():
     cases.append(bad_case("Question  0 ", "better answer 0", at=2000.0))  # same prompt, corrected later
     audits = [audit(f"traffic {i}", f"reply {i}", f"req-{i}") for i in range(30)]
     audits.append(audit("question 3", "wrong", "req-bad-prompt"))  # a corrected prompt: never replayed
-    fb = [feedback("req-0", 1), feedback("req-1", 5)]  # req-0 was disliked, req-1 liked
+    fb = [feedback("req-0", -1), feedback("req-1", 1)]  # req-0 was disliked (thumbs down), req-1 liked
     return cases, audits, fb
 
 

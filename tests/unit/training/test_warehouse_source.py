@@ -46,7 +46,7 @@ def _fixture(chdb_client, database: str, folder: Path):
     for first in range(0, len(audits), 12):  # three batches: three files in the chain
         batch = audits[first:first + 12]
         writer.write(Audit.topic, 0, first, first + len(batch) - 1, batch)
-    sink.write(Feedback.topic, 0, 0, 1, [Feedback(**stamper.stamp(), request_id="r30", rating=1),
+    sink.write(Feedback.topic, 0, 0, 1, [Feedback(**stamper.stamp(), request_id="r30", rating=-1),
                                          Feedback(**stamper.stamp(), request_id="r5", rating=5)])
     sink.write(Fallback.topic, 0, 0, 0, [Fallback(**stamper.stamp(), request_id="r32", model="model-a",
                                                   reason="low_intent")])
