@@ -206,6 +206,7 @@ def test_the_openai_sdk_through_gateway_vllm_kafka_workers_sinks_actions_and_rep
     for rid in answered:
         assert rid in text, f"request {rid} is not in the report"
     assert RUNBOOK in text and "pause_route" in text, "the alert's action is not in the report"
-    # the bad case and the alert: shown in full (the correction, the rule) or at least counted
-    assert CORRECTION in text or re.search(r"\bbad_cases 1\b", text), "the bad case is not in the report"
-    assert "response_compliance" in text or re.search(r"\balerts 1\b", text), "the alert is not in the report"
+    # the bad case with the user's correction (the diff's highlight marks may split its words, so the
+    # markup is dropped without spacing here) and the alert with its rule
+    assert CORRECTION in re.sub(r"<[^>]+>", "", report.read_text()), "the bad case's correction is not in the report"
+    assert "response_compliance" in text, "the alert is not in the report"
