@@ -100,4 +100,67 @@ def find_entropy_period(entropies: np.ndarray, max_period: int, min_repeats: flo
     return Periodicity(period, start, end, "entropy", autocorrelation(values[start:end], period))
 
 
-__all__ = ["Periodicity", "autocorrelation", "find_entropy_period", "find_id_period"]
+
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """A periodic stretch of one record of a batch: [start, end) in the record's own coordinates."""
+
+    record: int
+    period: int
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def periodic_stretches(flat: np.ndarray, bounds: np.ndarray, max_period: int, min_repeats: float,
+                       min_tokens: int, tolerance: tuple[float, float] | None = None,
+                       min_spread: float = 0.0) -> dict[int, Stretch]:
+    """Per record of a batch, its longest periodic stretch (period <= ``max_period``, at least
+    ``min_tokens`` tokens and ``min_repeats`` cycles; ties: the smallest period).
+
+    ``flat`` is every record's values concatenated (``bounds[i]:bounds[i + 1]`` is record ``i``):
+    token ids compared exactly, or, with ``tolerance`` = (nats, relative), entropies that match
+    within ``nats + relative * max(a, b)``. One vectorised comparison per lag over the whole batch
+    (not per record: per-record numpy calls cost more than the arithmetic), never across a record's
+    edge. ``min_spread``: a stretch whose values vary less (standard deviation) is not a repetition
+    (a flat entropy sequence matches itself at every lag) and is passed over.
+    """
+    n = flat.size
+    if n < 2 or len(bounds) < 2:
+        return {}
+    sizes = np.diff(bounds)
+    owner = np.repeat(np.arange(sizes.size), sizes)
+    if tolerance is not None:
+        values = flat.astype(np.float32)
+    candidates: list[tuple[int, int, int, int]] = []  # (record, length, period, batch start)
+    for period in range(1, min(max_period, n - 1) + 1):
+        need = max(min_tokens, int(np.ceil(min_repeats * period)))
+        if tolerance is None:
+            same = flat[period:] == flat[:-period]
+        else:
+            a, b = values[:-period], values[period:]
+            same = np.abs(a - b) <= tolerance[0] + tolerance[1] * np.maximum(a, b)
+        same &= owner[period:] == owner[:-period]
+        if not same.any():
+            continue
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], same.view(np.int8), [0]))))
+        starts, ends = edges[::2], edges[1::2]
+        long = (ends - starts) + period >= need  # a run of r matches at lag p is r + p periodic tokens
+        for start, end in zip(starts[long].tolist(), ends[long].tolist()):
+            candidates.append((int(owner[start]), end - start + period, period, start))
+    best: dict[int, Stretch] = {}
+    for record, length, period, start in sorted(candidates, key=lambda c: (c[0], -c[1], c[2])):
+        if record in best:
+            continue
+        if min_spread and float(np.std(flat[start:start + length])) < min_spread:
+            continue
+        base = int(bounds[record])
+        best[record] = Stretch(record, period, start - base, start - base + length)
+    return best
+
+__all__ = ["Periodicity", "Stretch", "autocorrelation", "find_entropy_period", "find_id_period", "periodic_stretches"]

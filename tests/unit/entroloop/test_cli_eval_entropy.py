@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.unit.entroloop.eval_files import run_eval, write_lines
@@ -14,8 +15,11 @@ CORPUS = Path(__file__).resolve().parents[2] / "data" / "entropy"
 
 LOOP_IDS = [11, 12, 13] * 20
 LOOP_ENTROPY = [0.3, 0.1, 0.6] * 20
-NORMAL = [3.1, 3.8, 2.9, 3.5, 4.0, 3.3, 2.7, 3.6, 3.9, 3.2] * 6
-GIBBERISH = [3.1, 3.5, 2.9] * 5 + [7.9, 8.8, 9.4, 7.2, 8.1, 9.9, 8.4, 7.7] * 6
+# ordinary text: neither its ids nor its entropies repeat (an entropy sequence that repeats with a
+# period is a loop even without ids)
+NORMAL = np.random.default_rng(7).uniform(2.7, 4.0, 60).round(2).tolist()
+GIBBERISH = (np.random.default_rng(8).uniform(2.9, 3.5, 15).round(2).tolist()
+             + np.random.default_rng(9).uniform(7.2, 9.9, 48).round(2).tolist())
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +86,8 @@ def test_without_json_no_json_line(tmp_path: Path) -> None:
         ([{"model": "m", "entropy": []}], 1, ["empty"]),
         ([{"model": "m", "entropy": [1.0], "label": {"loop": "yes"}}], 1, ["loop"]),
         (["[1, 2]"], 1, ["JSON object"]),
+        ([{"model": "m", "entropy": [1.0, 2.0], "surprisal": [0.5]}], 1, ["surprisal", "2 entropies"]),
+        ([{"model": "m", "entropy": [1.0, 2.0], "surprisal": [0.5, -1.0]}], 1, ["surprisal[1]", ">= 0"]),
     ],
 )
 def test_a_bad_line_exits_2_naming_its_line(tmp_path: Path, lines: list[object], line_no: int, words: list[str]) -> None:
@@ -101,6 +107,7 @@ def _figures(path: Path, with_ids: bool, tmp_path: Path, env: dict[str, str] | N
             for line in src:
                 row = json.loads(line)
                 row.pop("token_ids", None)
+                row.pop("surprisal", None)
                 dst.write(json.dumps(row) + "\n")
         path = stripped
     result = run_eval("entropy", str(path), "--json", env=env)
