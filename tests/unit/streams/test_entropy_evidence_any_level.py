@@ -115,3 +115,16 @@ def test_batch_periodicity_never_crosses_a_record_edge_and_picks_the_longest_str
     spread = periodic_stretches(values, np.array([0, 24]), 6, 3, 9, tolerance=(0.1, 0.0), min_spread=0.5)
     assert (spread[0].period, spread[0].start, spread[0].end) == (3, 12, 24)
     assert periodic_stretches(values[:12], np.array([0, 12]), 6, 3, 9, tolerance=(0.1, 0.0), min_spread=0.5) == {}
+
+
+def test_the_prefilter_keeps_a_loop_whose_entropies_straddle_a_cell_edge() -> None:
+    """The prefilter puts entropies into cells twice the tolerance wide; values that match within
+    the tolerance but sit either side of a cell edge (0.6, 3.0, 6.0 for a 0.1 tolerance) must still
+    reach the exact comparison (the offset grid holds them together)."""
+    cycles = [[0.59, 3.01, 5.99] if i % 2 else [0.61, 2.99, 6.01] for i in range(8)]
+    values = np.array([v for cycle in cycles for v in cycle], dtype=np.float32)
+    noise = np.random.default_rng(15).uniform(0.5, 6.0, 40).astype(np.float32)
+    flat = np.concatenate([noise, values])
+    # max_period 4: the same side of an edge comes back only every 6 tokens, beyond it
+    found = periodic_stretches(flat, np.array([0, 40, 64]), 4, 3, 12, tolerance=(0.1, 0.0), min_spread=0.5)
+    assert 1 in found and found[1].period == 3 and found[1].length == 24
