@@ -72,16 +72,23 @@ def _best(matches: list[tuple[int, np.ndarray]], min_repeats: float, min_tokens:
     return best
 
 
+def _longest_period(n: int, max_period: int, min_repeats: float) -> int:
+    """The longest period worth comparing in ``n`` tokens: one that fits ``min_repeats`` cycles."""
+    return min(max_period, n - 1, int(n / min_repeats))
+
+
 def find_id_period(ids: np.ndarray, entropies: np.ndarray, max_period: int, min_repeats: float,
                    min_tokens: int) -> Periodicity | None:
     """The longest stretch where token ids repeat with a period of at most ``max_period``."""
     n = ids.size
-    matches = [(p, ids[p:] == ids[:-p]) for p in range(1, min(max_period, n - 1) + 1)]
-    found = _best(matches, min_repeats, min_tokens)
+    if n < 2:
+        return None
+    found = _compare_lags(ids, np.array([0, n]), np.zeros(n, dtype=np.int64),
+                          _longest_period(n, max_period, min_repeats), min_repeats, min_tokens, None, 0.0).get(0)
     if found is None:
         return None
-    period, start, end = found
-    return Periodicity(period, start, end, "token_ids", autocorrelation(entropies[start:end], period))
+    return Periodicity(found.period, found.start, found.end, "token_ids",
+                       autocorrelation(entropies[found.start:found.end].astype(np.float32), found.period))
 
 
 def find_entropy_period(entropies: np.ndarray, max_period: int, min_repeats: float, min_tokens: int,
@@ -89,18 +96,15 @@ def find_entropy_period(entropies: np.ndarray, max_period: int, min_repeats: flo
     """The longest stretch where ``e[i]`` and ``e[i + p]`` agree within the tolerances (p <= max_period)."""
     values = entropies.astype(np.float32)
     n = values.size
-    matches = []
-    for p in range(1, min(max_period, n - 1) + 1):
-        a, b = values[:-p], values[p:]
-        matches.append((p, np.abs(a - b) <= tolerance_nats + tolerance_relative * np.maximum(a, b)))
-    found = _best(matches, min_repeats, min_tokens)
+    if n < 2:
+        return None
+    found = _compare_lags(values, np.array([0, n]), np.zeros(n, dtype=np.int64),
+                          _longest_period(n, max_period, min_repeats), min_repeats, min_tokens,
+                          (tolerance_nats, tolerance_relative), 0.0).get(0)
     if found is None:
         return None
-    period, start, end = found
-    return Periodicity(period, start, end, "entropy", autocorrelation(values[start:end], period))
-
-
-
+    return Periodicity(found.period, found.start, found.end, "entropy",
+                       autocorrelation(values[found.start:found.end], found.period))
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,9 @@ def _recurring_records(values: np.ndarray, owner: np.ndarray, max_period: int, m
     run = _shortest_run(max_period, min_repeats, min_tokens)
     edges = np.flatnonzero(np.diff(np.concatenate(([0], recurs.view(np.int8), [0]))))
     starts, ends = edges[::2], edges[1::2]
-    return np.unique(owner[starts[(ends - starts) >= run]])
+    marked = np.zeros(int(owner[-1]) + 1, dtype=np.bool_)
+    marked[owner[starts[(ends - starts) >= run]]] = True
+    return np.flatnonzero(marked)
 
 
 def _compare_lags(values: np.ndarray, bounds: np.ndarray, owner: np.ndarray, max_period: int,
@@ -230,11 +236,19 @@ def _compare_lags(values: np.ndarray, bounds: np.ndarray, owner: np.ndarray, max
         long = (ends - starts) >= run  # a run of r matches at lag p is r + p periodic tokens
         for start, end in zip(starts[long].tolist(), ends[long].tolist()):
             candidates.append((int(owner[start]), end - start + period, period, start))
+    if min_spread and candidates:
+        # standard deviation of every candidate stretch at once, from prefix sums
+        as_array = np.array(candidates, dtype=np.int64)
+        lengths, begins = as_array[:, 1], as_array[:, 3]
+        wide = values.astype(np.float64)
+        sums = np.concatenate(([0.0], np.cumsum(wide)))
+        squares = np.concatenate(([0.0], np.cumsum(wide * wide)))
+        mean = (sums[begins + lengths] - sums[begins]) / lengths
+        variance = (squares[begins + lengths] - squares[begins]) / lengths - mean * mean
+        candidates = [c for c, ok in zip(candidates, (variance >= min_spread * min_spread).tolist()) if ok]
     best: dict[int, Stretch] = {}
     for record, length, period, start in sorted(candidates, key=lambda c: (c[0], -c[1], c[2])):
         if record in best:
-            continue
-        if min_spread and float(np.std(values[start:start + length])) < min_spread:
             continue
         base = int(bounds[record])
         best[record] = Stretch(record, period, start - base, start - base + length)
