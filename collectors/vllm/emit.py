@@ -103,6 +103,9 @@ class TokenEntropyEmitter:
         self.stamper = NodeStamper(node_id)
         self.model = model
         self.route = route
+        # request id -> the route the gateway named (vllm_xargs.entroloop_route); noted at every add
+        # (a preempted request is added again), dropped with the request's final chunk
+        self.routes: dict[str, str] = {}
         self.emitted = 0
         self.errors = 0
 
@@ -114,7 +117,8 @@ class TokenEntropyEmitter:
             request_id=chunk.request_id,
             trace_id=chunk.trace_id or new_trace_id(),
             model=self.model,
-            route=self.route,
+            route=self.routes.pop(chunk.request_id, self.route) if chunk.final
+            else self.routes.get(chunk.request_id, self.route),
             entropies=pack_entropies(chunk.values),
             # The sampled ids themselves are the per-token hash (uint32, 4 bytes a token): a
             # detector only compares them for equality within the request, to confirm a loop.

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 REQUEST_ID_ARG = "entroloop_request_id"
 TRACE_ID_ARG = "entroloop_trace_id"
+ROUTE_ARG = "entroloop_route"  # the gateway's route, so TokenEntropy and the gateway's Audit name the same one
 
 _BASES: tuple[type, ...] = (V1LogitsProcessor,) if V2LogitsProcessor is None else (
     V1LogitsProcessor,
@@ -98,9 +99,14 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
         extra = getattr(sampling_params, "extra_args", None) or {}
-        for key in (REQUEST_ID_ARG, TRACE_ID_ARG):
+        for key in (REQUEST_ID_ARG, TRACE_ID_ARG, ROUTE_ARG):
             if key in extra and not isinstance(extra[key], str):
                 raise ValueError(f"vllm_xargs.{key} must be a string")
+
+    def _note_route(self, request_id: str, params: Any) -> None:
+        route = (getattr(params, "extra_args", None) or {}).get(ROUTE_ARG)
+        if route:
+            self.emitter.routes[request_id] = route
 
     # --- V1 interface ------------------------------------------------------------------------
     def is_argmax_invariant(self) -> bool:
@@ -114,6 +120,7 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
         added = []
         for index, params, _prompt, output_ids in batch_update.added:
             request_id, trace_id = request_ids(params)
+            self._note_route(request_id, params)
             added.append(AddedRow(index, request_id, trace_id, output_ids))
         moved = [
             MovedRow(a, b, swap=direction == MoveDirectionality.SWAP) for a, b, direction in batch_update.moved
@@ -125,6 +132,7 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
         if self.tap is None:
             return False
         request_id, trace_id = request_ids(sampling_params)
+        self._note_route(request_id, sampling_params)
         # The slot's previous occupant (finished or preempted) is evicted and shipped.
         self.tap.on_batch_update([], [AddedRow(req_idx, request_id, trace_id, None)], [])
         return True  # we must be called for this request's rows

@@ -13,8 +13,9 @@ is run twice, as sent by a full sender (token ids, and the sampled tokens' surpr
 corpus has them) and with those dropped (entropies alone), in file order through fresh detectors,
 as `entroloop eval entropy` runs it; figures there are per request (a request is flagged or not).
 
-Intent similarity is measured by entroloop/benchmarks/intent.py: the configured scorer and the
-two-stage cascade, pairs/s per stage and the share each stage decided.
+Intent similarity is measured by entroloop/benchmarks/intent.py: the model alone and the
+two-stage cascade, pairs/s per stage, the share each stage decided, and their AUROC / balanced
+accuracy on the hand-written labelled set; it writes its own rows.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def _pr(predicted: set, actual: set) -> tuple[float | None, float | None]:
     return round(precision, 4), None if recall is None else round(recall, 4)
 
 
-def run(requests: int = 3000, seed: int = 11, with_intent: bool | None = None, progress: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:
+def run(requests: int = 3000, seed: int = 11, with_intent: bool | None = None, progress: Callable[[str], None] = lambda _: None,
+        intent_runs: int = intent_bench.RUNS) -> dict[str, dict[str, Any]]:
     """Precision, recall and events/s per processor: ``{name: {precision, recall, events_per_s}}``."""
     fleet = SyntheticFleet(seed=seed)
     reqs = list(fleet.requests(requests))
@@ -82,7 +84,7 @@ def run(requests: int = 3000, seed: int = 11, with_intent: bool | None = None, p
                 key=lambda r: r.emitted_at,
             )
         if isinstance(processor, IntentSimilarityScorer):
-            results.update(intent_bench.measure(processor, inputs, labels, settings))
+            results.update(intent_bench.measure(processor, inputs, labels, settings, runs=intent_runs))
             continue
         load, cpu = os.getloadavg()[0], time.process_time()
         rate, out = _rate(processor, inputs)
@@ -237,6 +239,9 @@ def _corpus_target(name: str) -> tuple[float, float] | None:
 def figures(results: dict[str, dict[str, Any]]) -> list[Figure]:
     figs = []
     for name, res in results.items():
+        if "figures" in res:  # a measurement that writes its own rows (intent: entroloop/benchmarks/intent.py)
+            figs.extend(res["figures"])
+            continue
         target = TARGETS.get(name)
         if "[" not in name:  # speed is a fleet figure; a corpus entry reports its quality
             figs.append(Figure(

@@ -88,36 +88,18 @@ def _figures(scores: list[float], labels: list[bool | None], flagged: list[bool]
     return result
 
 
-@eval_app.command("intent")
-def intent(file: InputFile, as_json: AsJson = False, predictions: Predictions = None) -> None:
-    """Intent scoring on labelled pairs: AUROC, balanced accuracy and thresholds per language.
+def evaluate(scorer: Any, lines: Sequence[IntentLine]) -> tuple[dict[str, Any], list[float], list[bool]]:
+    """Score ``lines`` with ``scorer`` (model already loaded) and measure it: the figures `eval intent
+    --json` prints (per language, ``all``, ``pairs_per_s``, ``scorer``, ``decided_by``, ``stages``),
+    the scores and the fallback flags. Also used by `entroloop bench detectors` on the labelled set."""
+    from streams.intent_similarity import StageCounts, detect_language
 
-    Lines: {"id", "lang", "query", "answer", "on_intent": bool}; id, lang and on_intent are optional (lang is detected from the query when absent), unknown keys ignored.
-
-    Each pair is scored by the scorer the pipeline runs, from the same settings (ENTROLOOP_INTENT_BACKEND, _HEAD, _CASCADE, thresholds). Per language found and for "all": auroc, balanced_accuracy (of the fallback decisions at the threshold in force), threshold, best_threshold (the cut of best balanced accuracy: put it into ENTROLOOP_INTENT_LANGUAGE_THRESHOLDS), pairs; plus pairs_per_s (model loading excluded) and the share of pairs each stage decided. Predictions: {"id", "score", "fallback"}.
-    """
-    from entroloop.cli.common import settings_or_exit
-    from streams.intent_similarity import IntentSimilarityScorer, detect_language
-
-    try:
-        lines = read_jsonl(file, IntentLine)
-    except EvalInputError as exc:
-        raise fail(str(exc)) from None
-    settings = settings_or_exit()
-    try:
-        scorer = IntentSimilarityScorer.from_settings(settings)
-        scorer.score_pairs(["warm up"], ["load the model before the clock starts"])
-    except (RuntimeError, ValueError, FileNotFoundError) as exc:
-        raise fail(f"cannot load the intent scorer: {exc}") from None
-    scorer.stages = type(scorer.stages)()
+    scorer.stages = StageCounts()
     start = time.perf_counter()
     scores = [float(s) for s in scorer.score_pairs([x.query for x in lines], [x.answer for x in lines])]
     elapsed = time.perf_counter() - start
     languages = [x.lang or detect_language(x.query) for x in lines]
     flagged = [s < scorer.threshold_for(lang) for s, lang in zip(scores, languages, strict=True)]
-    write_predictions(predictions, ({"id": x.id, "score": round(s, 6), "fallback": f}
-                                    for x, s, f in zip(lines, scores, flagged, strict=True)))
-
     by_language: dict[str, list[int]] = defaultdict(list)
     for i, lang in enumerate(languages):
         by_language[lang].append(i)
@@ -134,17 +116,69 @@ def intent(file: InputFile, as_json: AsJson = False, predictions: Predictions = 
         "cheap": round(stages.cheap_decided / len(lines), 4) if lines else 0.0,
         "full": round(stages.full_pairs / len(lines), 4) if lines else 0.0,
     }
+    figures["stages"] = stages.figures(len(lines))
+    return figures, scores, flagged
 
-    def cell(value: Any) -> str:
-        return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _rows(figures: dict[str, Any]) -> list[tuple]:
+    return [(name, f["pairs"], f["labelled"], _cell(f["auroc"]), _cell(f["balanced_accuracy"]), _cell(f["threshold"]),
+             _cell(f["best_threshold"])) for name, f in figures.items() if isinstance(f, dict) and "pairs" in f]
+
+
+COLUMNS = ("language", "pairs", "labelled", "AUROC", "balanced accuracy", "threshold", "best threshold")
+
+
+@eval_app.command("intent")
+def intent(file: InputFile, as_json: AsJson = False, predictions: Predictions = None) -> None:
+    """Intent scoring on labelled pairs: AUROC, balanced accuracy and thresholds per language.
+
+    Lines: {"id", "lang", "query", "answer", "on_intent": bool}; id, lang and on_intent are optional (lang is detected from the query when absent), unknown keys ignored.
+
+    Each pair is scored by the scorer the pipeline runs, from the same settings (ENTROLOOP_INTENT_BACKEND, _HEAD, _CASCADE, thresholds). Per language found and for "all": auroc, balanced_accuracy (of the fallback decisions at the threshold in force), threshold, best_threshold (the cut of best balanced accuracy: put it into ENTROLOOP_INTENT_LANGUAGE_THRESHOLDS), pairs; plus pairs_per_s (model loading excluded), decided_by (the share of pairs each stage decided) and stages ({"lexical"|"model": {"pairs_per_s", "decided_share"}}: each stage's pairs over its own seconds). With ENTROLOOP_INTENT_CASCADE=true every pair is also scored by the model alone, reported as "model_alone" (same keys), so the cascade's price in AUROC is on the same line. Predictions: {"id", "score", "fallback"}.
+    """
+    from entroloop.cli.common import settings_or_exit
+    from streams.intent_similarity import IntentSimilarityScorer
+
+    try:
+        lines = read_jsonl(file, IntentLine)
+    except EvalInputError as exc:
+        raise fail(str(exc)) from None
+    settings = settings_or_exit()
+    try:
+        scorer = IntentSimilarityScorer.from_settings(settings)
+        scorer.score_pairs(["warm up"], ["load the model before the clock starts"])
+    except (RuntimeError, ValueError, FileNotFoundError) as exc:
+        raise fail(f"cannot load the intent scorer: {exc}") from None
+    figures, scores, flagged = evaluate(scorer, lines)
+    write_predictions(predictions, ({"id": x.id, "score": round(s, 6), "fallback": f}
+                                    for x, s, f in zip(lines, scores, flagged, strict=True)))
+    if scorer.cascade:  # the same pairs through the model alone, same embedder (already loaded)
+        alone = IntentSimilarityScorer.from_settings(settings.model_copy(update={"intent_cascade": False}),
+                                                     embedder=scorer.embedder)
+        figures["model_alone"] = evaluate(alone, lines)[0]
 
     print_table(
         f"Intent scoring on {file.name} ({len(lines)} pairs, {scorer.scorer_name}, "
-        f"{cell(figures['pairs_per_s'])} pairs/s)",
-        ("language", "pairs", "labelled", "AUROC", "balanced accuracy", "threshold", "best threshold"),
-        [(name, f["pairs"], f["labelled"], cell(f["auroc"]), cell(f["balanced_accuracy"]), cell(f["threshold"]),
-          cell(f["best_threshold"])) for name, f in figures.items() if isinstance(f, dict) and "pairs" in f],
+        f"{_cell(figures['pairs_per_s'])} pairs/s)",
+        COLUMNS, _rows(figures),
     )
+    if "model_alone" in figures:
+        alone_figures = figures["model_alone"]
+        stages = figures["stages"]
+        def rate(value: float | None) -> str:
+            return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+        print_table(
+            f"The model alone on the same pairs ({alone_figures['scorer']}, {rate(alone_figures['pairs_per_s'])} "
+            f"pairs/s); the cascade's lexical stage decided {stages['lexical']['decided_share']:.1%} at "
+            f"{rate(stages['lexical']['pairs_per_s'])} pairs/s, the model {stages['model']['decided_share']:.1%} at "
+            f"{rate(stages['model']['pairs_per_s'])} pairs/s",
+            COLUMNS, _rows(alone_figures),
+        )
     if as_json:
         emit_json(figures)
 
@@ -153,4 +187,4 @@ def register(app: Any) -> None:
     """Nothing to add: importing this module put ``intent`` on the ``eval`` app, which eval.py registers."""
 
 
-__all__ = ["IntentLine", "auroc", "intent", "register"]
+__all__ = ["IntentLine", "auroc", "evaluate", "intent", "register"]

@@ -6,11 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def test_bench_detectors_json_and_report(tmp_path):
     out = tmp_path / "BENCH.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "entroloop.cli", "bench", "detectors", "--requests", "400", "--out", str(out), "--json"],
+        [sys.executable, "-m", "entroloop.cli", "bench", "detectors", "--requests", "400", "--out", str(out), "--json",
+         "--runs", "1"],  # one timing run of the intent scorers: the median of three is the report's, not the test's
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -22,6 +25,11 @@ def test_bench_detectors_json_and_report(tmp_path):
     # intent: the default scorer, its cascade and each stage of it (pairs/s; the share each decided is in the notes)
     for name in ("intent_similarity", "intent_similarity_cascade", "intent_stage_lexical", "intent_stage_model"):
         assert result[name]["events_per_s"] > 0, name
+    shares = result["intent_similarity_cascade"]["decided_share"]
+    assert shares["lexical"] + shares["model"] == pytest.approx(1.0)
+    for name in ("intent_similarity", "intent_similarity_cascade"):  # both on the hand-written set
+        assert 0.5 < result[name]["labelled_set"]["zh"]["auroc"] <= 1.0, name
     text = out.read_text()
     assert "| repetition_loop events/s (1 core)" in text and "Machine:" in text
+    assert "| intent_similarity_cascade AUROC en [pairs.jsonl]" in text and "| intent_stage_lexical pairs/s" in text
     assert (tmp_path / "BENCH.json").exists()

@@ -106,7 +106,8 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
             temperature=0.0,
             max_tokens=n,
             ignore_eos=True,
-            extra_args={"entroloop_request_id": f"req-{i}", "entroloop_trace_id": f"{i:032x}"},
+            extra_args={"entroloop_request_id": f"req-{i}", "entroloop_trace_id": f"{i:032x}",
+                        **({"entroloop_route": "support"} if i % 2 else {})},
         )
         for i, n in enumerate(MAX_TOKENS)
     ]
@@ -124,6 +125,7 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
         assert len(generated) == MAX_TOKENS[i]
         assert record.final and record.chunk_index == 0 and record.first_token_index == 0
         assert record.trace_id == f"{i:032x}"
+        assert record.route == ("support" if i % 2 else "default"), "the gateway's route, else the node's"
         assert record.node_id == "vllm-test-node"
         assert record.model == str(tiny_model)
         shipped = record.values().astype(np.float64)

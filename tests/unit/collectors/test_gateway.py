@@ -166,7 +166,8 @@ def test_vllm_engine_gets_correlation_ids_adapter_and_version_and_answer_is_byte
         _, sent_body, sent_headers = upstream.received[0]
         direct = httpx.post(f"{upstream.url}/v1/chat/completions", json=sent_body)
     assert answer.content == direct.content
-    assert sent_body["vllm_xargs"] == {"mine": 1, "entroloop_request_id": "req-gw-1", "entroloop_trace_id": TRACE_ID}
+    assert sent_body["vllm_xargs"] == {"mine": 1, "entroloop_request_id": "req-gw-1", "entroloop_trace_id": TRACE_ID,
+                                       "entroloop_route": "support"}
     assert "logprobs" not in sent_body  # the tap computes the exact entropy in the engine
     records = _by_type(published)
     assert TokenEntropy not in records  # those come from the tap, under the same ids
@@ -232,3 +233,12 @@ def test_other_paths_are_proxied() -> None:
     with FakeUpstream(vllm=True) as upstream, _gateway(upstream, []) as client:
         models = client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["base-m", "support-lora"]
+
+
+def test_a_named_vllm_engine_still_records_the_engine_version_in_the_audit() -> None:
+    """``--engine vllm`` skips guessing the engine, not asking its version (the audit's engine_version)."""
+    published: list = []
+    with FakeUpstream(vllm=True) as upstream, _gateway(upstream, published, engine="vllm") as client:
+        assert client.post("/v1/chat/completions", json={**CHAT, "model": "base-m"}, headers=HEADERS).status_code == 200
+    (audit,) = _by_type(published)[Audit]
+    assert audit.engine_version == "vllm 0.32.0"

@@ -118,3 +118,40 @@ def test_a_missing_head_file_is_a_clear_error(tmp_path: Path) -> None:
     result = run_eval("intent", str(data), env={"ENTROLOOP_INTENT_HEAD": str(tmp_path / "missing.json")})
     assert result.exit_code == 2
     assert "ENTROLOOP_INTENT_HEAD" in result.stderr and "missing.json" in result.stderr
+
+
+def test_the_cascade_reports_each_stage_and_the_model_alone_on_the_same_pairs(tmp_path: Path) -> None:
+    data = write_lines(tmp_path / "pairs.jsonl", [
+        {"query": "How do I change my login password?", "answer": "Sorry.", "on_intent": False},
+        {"query": "How do I change my login password?", "answer": "Open Settings, then Account security, then "
+         "Change password; type the old password and the new one twice and press Save.", "on_intent": True},
+        {"query": "退款多久到账？", "answer": "抱歉。", "on_intent": False},
+        {"query": "退款多久到账？", "answer": "审核通过后3到5个工作日原路退回到您的支付账户，信用卡可能多等几天。", "on_intent": True},
+    ])
+    out = tmp_path / "predictions.jsonl"
+    result = run_eval("intent", str(data), "--json", "--predictions", str(out), env={"ENTROLOOP_INTENT_CASCADE": "true"})
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["scorer"] == "multilingual-e5-small-q4+lexical-cascade"
+    stages = figures["stages"]
+    assert stages["lexical"]["decided_share"] + stages["model"]["decided_share"] == pytest.approx(1.0)
+    assert stages["lexical"]["decided_share"] > 0  # the one-word refusals are settled by the lexical stage
+    assert stages["lexical"]["pairs_per_s"] > 0
+    # the model alone scored all four pairs: same keys, no stage of its own
+    alone = figures["model_alone"]
+    assert alone["scorer"] == "multilingual-e5-small-q4" and alone["stages"]["model"]["decided_share"] == 1.0
+    assert set(alone["all"]) == KEYS and alone["all"]["pairs"] == 4
+    assert "The model alone on the same pairs" in result.stdout
+    # a settled refusal is a fallback with the plain cosine's settled score
+    predictions = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert predictions[0] == {"id": None, "score": 0.0, "fallback": True}
+
+
+def test_without_the_cascade_there_is_no_model_alone_figure_and_the_model_decides_everything(tmp_path: Path) -> None:
+    data = write_lines(tmp_path / "pairs.jsonl", [{"query": "What is the capital of France?", "answer": "Paris."}])
+    result = run_eval("intent", str(data), "--json")
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "model_alone" not in figures
+    assert figures["stages"] == {"lexical": {"pairs_per_s": None, "decided_share": 0.0},
+                                 "model": {"pairs_per_s": figures["stages"]["model"]["pairs_per_s"], "decided_share": 1.0}}

@@ -14,6 +14,8 @@ import pytest
 from entroloop.contract.prompts import intent_query
 from entroloop.contract.settings import Settings
 from streams.intent_similarity import (
+    SETTLED_OFF,
+    SETTLED_ON,
     IntentHead,
     IntentModel,
     IntentSimilarityScorer,
@@ -124,3 +126,37 @@ def test_a_broken_head_file_names_the_setting(tmp_path: Path) -> None:
     bad.write_text('{"cheap": 1}')
     with pytest.raises(ValueError, match="ENTROLOOP_INTENT_HEAD"):
         load_intent_model(bad)
+
+
+def test_cascade_without_a_head_settles_on_the_cosine_scale_and_embeds_only_the_borderline() -> None:
+    # the same cheap stage in front of the plain cosine: settled pairs score 0.0 (off) or 1.0 (on)
+    embedder = CountingEmbedder()
+    scorer = IntentSimilarityScorer(embedder, fallback_threshold=0.5, satisfied_threshold=0.9,
+                                    cheap_stage=_model(0.3, 0.8).cheap, cascade=True)
+    long_answer = " ".join(["word"] * 40)
+    scores = scorer.score_pairs(["q one", "q two", "q three", "x four"], ["no", long_answer, "q a b c d e", "y b c d e f"])
+    assert list(scores) == [SETTLED_OFF, SETTLED_ON, 1.0, 0.0]  # the last two are cosines (same / other first letter)
+    assert embedder.texts == ["q three", "x four", "q a b c d e", "y b c d e f"]  # only the borderline pairs
+    assert scorer.scorer_name == "counting+lexical-cascade"
+    figures = scorer.stages.figures(4)
+    assert figures["lexical"]["decided_share"] == 0.5 and figures["model"]["decided_share"] == 0.5
+    assert figures["lexical"]["pairs_per_s"] > 0 and figures["model"]["pairs_per_s"] > 0
+    # the fallback decision follows: settled off is below any threshold, settled on above
+    assert scorer.verdict(scores[0], "en") == "fallback" and scorer.verdict(scores[1], "en") == "satisfied"
+
+
+def test_without_the_cascade_a_plain_scorer_embeds_every_pair_and_its_lexical_stage_reports_nothing() -> None:
+    embedder = CountingEmbedder()
+    scorer = IntentSimilarityScorer(embedder, cheap_stage=_model(0.3, 0.8).cheap, cascade=False)
+    assert list(scorer.score_pairs(["q one"], ["no"])) == [0.0]  # the cosine, not the settled score
+    assert embedder.texts == ["q one", "no"] and scorer.scorer_name == "counting"
+    figures = scorer.stages.figures(1)
+    assert figures["lexical"] == {"pairs_per_s": None, "decided_share": 0.0}
+    assert figures["model"]["decided_share"] == 1.0
+
+
+def test_the_cascade_setting_gives_the_plain_cosine_the_bundled_first_stage() -> None:
+    on = IntentSimilarityScorer.from_settings(Settings(intent_cascade=True), embedder=CountingEmbedder())
+    assert on.cascade and on.model is None and on.cheap_stage == load_intent_model().cheap
+    off = IntentSimilarityScorer.from_settings(Settings(), embedder=CountingEmbedder())
+    assert not off.cascade and off.cheap_stage is None  # off by default (docs/intent.md says why)
