@@ -48,6 +48,7 @@ from entroloop.contract.settings import Settings
 from entroloop.contract.topics import partition_for
 from streams.base import Processor, derive
 from streams.entropy_evidence import EntropyEvidence
+from streams.periodicity import Stretch, periodic_stretches
 from streams.table_state import TableStateSpec
 
 LOOP = "repetition_loop"
@@ -170,12 +171,14 @@ class EntropyAnomalyDetector(Processor):
                 )
         alerts: list[Event] = []
         state = self.state
+        periodic, by_ids = self._periodic_loops(records, arrays)
         for index, (record, runs) in enumerate(zip(records, per_record)):
             assert isinstance(record, TokenEntropy)
             request_id = record.request_id
+            surprisals = record.surprisal_values() if self.evidence is not None else None
             # The common single-chunk request: one lookup that misses, no write.
             carry = state.get(request_id)
-            if carry is None and record.final and not runs:
+            if carry is None and record.final and not runs and index not in periodic and surprisals is None:
                 if self.evidence is not None:
                     self.evidence.learn_if_normal(record.model, record.route, arrays[index], [])
                 continue
@@ -183,6 +186,10 @@ class EntropyAnomalyDetector(Processor):
             still_open: dict[str, OpenRun] = {}
             found: list[Event] = []
             for rule in self.rules:
+                # With token ids, whether the tokens repeat decides a loop (at any entropy: a real
+                # model's loops run at its ordinary level), so the low-entropy rule is not consulted.
+                if rule.below and index in by_ids:
+                    continue
                 closed = self._close_runs(record, rule, runs.get(rule.name, []), carried.get(rule.name), still_open)
                 for start, end, total in closed:
                     if end - start < rule.min_run:
@@ -191,6 +198,10 @@ class EntropyAnomalyDetector(Processor):
                     if evidence is False:
                         continue
                     found.append(self._alert(record, rule, start, end, total / (end - start), len(found), evidence))
+            if index in periodic:
+                found.extend(self._periodic_alert(record, arrays[index], periodic[index], index in by_ids, found))
+            if surprisals is not None:  # in addition: a lost model sampled at T=1 is gibberish at excess 0
+                found.extend(self._surprisal_alert(record, arrays[index], surprisals, found))
             alerts.extend(found)
             if carry is not None and record.chunk_index < carry.next_chunk:
                 continue  # a redelivered chunk: it changes nothing the first delivery did not
@@ -213,6 +224,86 @@ class EntropyAnomalyDetector(Processor):
                     finished=record.final,
                 )
         return alerts
+
+    def _periodic_loops(self, records: Sequence[Event], arrays: list[np.ndarray]) -> tuple[dict[int, Stretch], set[int]]:
+        """Record index -> its longest periodic stretch, at any entropy level; and the indexes of
+        the records that carry token ids. Token ids when the record has them (exact repetition);
+        else the entropy sequence, repeating within the tolerances with some spread (a flat
+        sequence repeats trivially: that case is left to the low-entropy rule and its evidence)."""
+        if self.evidence is None:
+            return {}, set()
+        c = self.evidence.config
+        hashes = [r.hashes() for r in records]  # type: ignore[attr-defined]
+        by_ids = {i for i, h in enumerate(hashes) if h is not None}
+        found: dict[int, Stretch] = {}
+        for members, tolerance in ((sorted(by_ids), None),
+                                   ([i for i in range(len(records)) if i not in by_ids],
+                                    (c.loop_entropy_repeat_tolerance_nats, 0.0))):
+            if not members:
+                continue
+            parts = [hashes[i] if tolerance is None else arrays[i] for i in members]
+            bounds = np.zeros(len(parts) + 1, dtype=np.int64)
+            np.cumsum([p.size for p in parts], out=bounds[1:])
+            stretches = periodic_stretches(
+                np.concatenate(parts), bounds, c.loop_max_period, c.loop_min_repeats,
+                c.loop_min_tokens if tolerance is None else c.loop_min_tokens_entropy_only,
+                tolerance=tolerance, min_spread=0.0 if tolerance is None else c.loop_entropy_min_spread_nats,
+            )
+            found.update({members[k]: stretch for k, stretch in stretches.items()})
+        return found, by_ids
+
+    def _periodic_alert(self, record: TokenEntropy, values: np.ndarray, stretch: Stretch, by_ids: bool,
+                        found: list[Event]) -> list[Alert]:
+        """The loop alert of a periodic stretch, unless a loop alert of this chunk already covers it
+        (entropies alone: the low-entropy rule may have confirmed the same loop)."""
+        assert self.evidence is not None
+        offset = record.first_token_index
+        start, end = offset + stretch.start, offset + stretch.end
+        if any(isinstance(a, Alert) and a.rule == LOOP and a.token_start < end and start < a.token_end for a in found):
+            return []
+        source = "token_ids" if by_ids else "entropy_periodicity"
+        evidence = {"rule": LOOP, "static": None,
+                    **self.evidence.periodic_loop(record.model, record.route, values, stretch, offset, source)}
+        minimum = self.evidence.config.loop_min_tokens if by_ids else self.evidence.config.loop_min_tokens_entropy_only
+        detail = (f"{stretch.length} tokens repeat with period {stretch.period} x{evidence['repeats']} "
+                  f"({'token ids' if by_ids else 'entropy sequence'}; >= {minimum} tokens needed) at mean entropy "
+                  f"{evidence['stretch_mean']:.2f} nats")
+        return [self._make_alert(record, LOOP, len(found), start, end, float(stretch.length), float(minimum),
+                                 evidence, detail)]
+
+    def _surprisal_alert(self, record: TokenEntropy, values: np.ndarray, surprisals: np.ndarray,
+                         found_so_far: list[Event]) -> list[Alert]:
+        """The gibberish alert of a stretch of surprising tokens, unless a gibberish alert of this
+        chunk (the sustained-level evidence) already covers it."""
+        assert self.evidence is not None
+        offset = record.first_token_index
+        judged = self.evidence.judge_surprisal(record.model, record.route, values, surprisals, offset)
+        if judged is None:
+            return []
+        start, end, found = judged
+        first, last = offset + start, offset + end
+        if any(isinstance(a, Alert) and a.rule == GIBBERISH and a.token_start < last and first < a.token_end
+               for a in found_so_far):
+            return []
+        index = len(found_so_far)
+        evidence = {"rule": GIBBERISH, "static": None, **found}
+        detail = (f"sampled tokens {found['level']} nats more surprising than the model's entropy "
+                  f"(rolling median over {found['window']} tokens; edge {found['edge']}): mean surprisal "
+                  f"{found['stretch_surprisal']:.2f} vs entropy {found['stretch_entropy']:.2f} nats")
+        return [self._make_alert(record, GIBBERISH, index, offset + start, offset + end, found["level"],
+                                 found["edge"], evidence, detail)]
+
+    def _make_alert(self, record: TokenEntropy, rule: str, index: int, start: int, end: int, value: float,
+                    threshold: float, evidence: dict[str, object], detail: str) -> Alert:
+        return derive(
+            record, Alert, index, self.name,
+            alert_key=f"{rule}:{record.request_id}:{start}",
+            rule=rule, severity="warning", model=record.model, route=record.route,
+            subject_node=record.node_id, token_start=start, token_end=end,
+            value=round(value, 4), threshold=threshold,
+            baseline=json.dumps(evidence, separators=(",", ":"), sort_keys=True),
+            detail=detail, source_event_id=record.event_id,
+        )
 
     def _confirm(self, record: TokenEntropy, values: np.ndarray, rule: RunRule, start: int,
                  end: int) -> dict[str, object] | None | bool:

@@ -29,7 +29,12 @@ import numpy as np
 from entroloop.contract.records import Alert, Event
 from entroloop.contract.settings import Settings
 from streams.entropy_bands import EntropyBands, sustained
-from streams.periodicity import find_entropy_period, find_id_period
+from streams.periodicity import (
+    Stretch,
+    autocorrelation,
+    find_entropy_period,
+    find_id_period,
+)
 
 LOOP_RULE = "repetition_loop"
 """streams.entropy_anomaly.LOOP (not imported from there: that module imports this one)."""
@@ -39,7 +44,7 @@ LOOP_RULE = "repetition_loop"
 class EvidenceConfig:
     """The evidence thresholds (``Settings`` documents each)."""
 
-    loop_max_period: int = 12
+    loop_max_period: int = 48
     loop_min_repeats: float = 3.0
     loop_min_tokens: int = 16
     loop_min_tokens_entropy_only: int = 24
@@ -47,6 +52,10 @@ class EvidenceConfig:
     loop_entropy_tolerance_relative: float = 0.15
     band_margin_nats: float = 0.5
     gibberish_floor_nats: float = 6.5
+    loop_entropy_min_spread_nats: float = 0.5
+    loop_entropy_repeat_tolerance_nats: float = 0.25
+    surprisal_window: int = 32
+    surprisal_excess_nats: float = 2.25
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EvidenceConfig:
@@ -59,6 +68,10 @@ class EvidenceConfig:
             loop_entropy_tolerance_relative=settings.loop_entropy_tolerance_relative,
             band_margin_nats=settings.entropy_band_margin_nats,
             gibberish_floor_nats=settings.gibberish_floor_nats,
+            loop_entropy_min_spread_nats=settings.loop_entropy_min_spread_nats,
+            loop_entropy_repeat_tolerance_nats=settings.loop_entropy_repeat_tolerance_nats,
+            surprisal_window=settings.gibberish_surprisal_window,
+            surprisal_excess_nats=settings.gibberish_surprisal_excess_nats,
         )
 
 
@@ -102,6 +115,23 @@ class EntropyEvidence:
             "band": band.as_dict() if band is not None else None,
         }
 
+    def periodic_loop(self, model: str, route: str, values: np.ndarray, stretch: Stretch, offset: int,
+                      source: str) -> dict[str, Any]:
+        """The evidence of a loop found by periodicity alone (no low-entropy run nominated it):
+        ``stretch`` repeats its token ids (``source`` "token_ids") or its entropy sequence
+        ("entropy_periodicity")."""
+        run = values[stretch.start:stretch.end].astype(np.float32)
+        band = self.bands.band(model, route)
+        return {
+            "evidence": source,
+            "period": stretch.period,
+            "repeats": round(stretch.length / stretch.period, 1),
+            "stretch": [offset + stretch.start, offset + stretch.end],
+            "stretch_mean": round(float(run.mean()), 3),
+            "autocorrelation": round(autocorrelation(run, stretch.period), 3),
+            "band": band.as_dict() if band is not None else None,
+        }
+
     def judge_gibberish(self, model: str, route: str, values: np.ndarray, start: int, end: int,
                         static_threshold: float) -> dict[str, Any] | None:
         """Evidence that the high run ``values[start:end]`` is gibberish, or None (a normal spike)."""
@@ -129,6 +159,42 @@ class EntropyEvidence:
             "level": round(level, 3),
             "edge": round(edge, 3),
             "window": window,
+            "band": band.as_dict() if band is not None else None,
+        }
+
+    def judge_surprisal(self, model: str, route: str, values: np.ndarray, surprisals: np.ndarray,
+                        offset: int) -> tuple[int, int, dict[str, Any]] | None:
+        """Gibberish from the sampled tokens' surprisal, whatever the entropy level: (start, end,
+        evidence) of the stretch where the rolling median of ``surprisal - entropy`` exceeds
+        ``surprisal_excess_nats``, or None.
+
+        Entropy is the surprisal the model expects; a model sampled as it would sample itself
+        (temperature 1) has a median excess just below 0, a cooler one a negative excess. Tokens
+        that keep surprising the model by nats more than it expected are being drawn from a far
+        flatter distribution than its own (high temperature, broken sampling): gibberish, even when
+        the model's own entropy, measured before temperature, is ordinary."""
+        c = self.config
+        excess = surprisals.astype(np.float32) - values.astype(np.float32)
+        rolled = sustained(excess, c.surprisal_window)
+        above = np.flatnonzero(rolled > c.surprisal_excess_nats)
+        if above.size == 0:
+            return None
+        # A window's median is over the edge once more than half its tokens are: the stretch runs
+        # from the centre of the first such window to the centre of the last.
+        if values.size <= c.surprisal_window:
+            start, end = 0, int(values.size)
+        else:
+            half = c.surprisal_window // 2
+            start, end = int(above[0]) + half, int(above[-1]) + half + 1
+        band = self.bands.band(model, route)
+        return start, end, {
+            "evidence": "surprisal",
+            "level": round(float(rolled.max()), 3),
+            "edge": c.surprisal_excess_nats,
+            "window": c.surprisal_window,
+            "stretch": [offset + start, offset + end],
+            "stretch_surprisal": round(float(surprisals[start:end].astype(np.float32).mean()), 3),
+            "stretch_entropy": round(float(values[start:end].astype(np.float32).mean()), 3),
             "band": band.as_dict() if band is not None else None,
         }
 

@@ -72,16 +72,23 @@ def _best(matches: list[tuple[int, np.ndarray]], min_repeats: float, min_tokens:
     return best
 
 
+def _longest_period(n: int, max_period: int, min_repeats: float) -> int:
+    """The longest period worth comparing in ``n`` tokens: one that fits ``min_repeats`` cycles."""
+    return min(max_period, n - 1, int(n / min_repeats))
+
+
 def find_id_period(ids: np.ndarray, entropies: np.ndarray, max_period: int, min_repeats: float,
                    min_tokens: int) -> Periodicity | None:
     """The longest stretch where token ids repeat with a period of at most ``max_period``."""
     n = ids.size
-    matches = [(p, ids[p:] == ids[:-p]) for p in range(1, min(max_period, n - 1) + 1)]
-    found = _best(matches, min_repeats, min_tokens)
+    if n < 2:
+        return None
+    found = _compare_lags(ids, np.array([0, n]), np.zeros(n, dtype=np.int64),
+                          _longest_period(n, max_period, min_repeats), min_repeats, min_tokens, None, 0.0).get(0)
     if found is None:
         return None
-    period, start, end = found
-    return Periodicity(period, start, end, "token_ids", autocorrelation(entropies[start:end], period))
+    return Periodicity(found.period, found.start, found.end, "token_ids",
+                       autocorrelation(entropies[found.start:found.end].astype(np.float32), found.period))
 
 
 def find_entropy_period(entropies: np.ndarray, max_period: int, min_repeats: float, min_tokens: int,
@@ -89,15 +96,163 @@ def find_entropy_period(entropies: np.ndarray, max_period: int, min_repeats: flo
     """The longest stretch where ``e[i]`` and ``e[i + p]`` agree within the tolerances (p <= max_period)."""
     values = entropies.astype(np.float32)
     n = values.size
-    matches = []
-    for p in range(1, min(max_period, n - 1) + 1):
-        a, b = values[:-p], values[p:]
-        matches.append((p, np.abs(a - b) <= tolerance_nats + tolerance_relative * np.maximum(a, b)))
-    found = _best(matches, min_repeats, min_tokens)
+    if n < 2:
+        return None
+    found = _compare_lags(values, np.array([0, n]), np.zeros(n, dtype=np.int64),
+                          _longest_period(n, max_period, min_repeats), min_repeats, min_tokens,
+                          (tolerance_nats, tolerance_relative), 0.0).get(0)
     if found is None:
         return None
-    period, start, end = found
-    return Periodicity(period, start, end, "entropy", autocorrelation(values[start:end], period))
+    return Periodicity(found.period, found.start, found.end, "entropy",
+                       autocorrelation(values[found.start:found.end], found.period))
 
 
-__all__ = ["Periodicity", "autocorrelation", "find_entropy_period", "find_id_period"]
+@dataclass(frozen=True)
+class Stretch:
+    """A periodic stretch of one record of a batch: [start, end) in the record's own coordinates."""
+
+    record: int
+    period: int
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def periodic_stretches(flat: np.ndarray, bounds: np.ndarray, max_period: int, min_repeats: float,
+                       min_tokens: int, tolerance: tuple[float, float] | None = None,
+                       min_spread: float = 0.0) -> dict[int, Stretch]:
+    """Per record of a batch, its longest periodic stretch (period <= ``max_period``, at least
+    ``min_tokens`` tokens and ``min_repeats`` cycles; ties: the smallest period).
+
+    ``flat`` is every record's values concatenated (``bounds[i]:bounds[i + 1]`` is record ``i``):
+    token ids compared exactly, or, with ``tolerance`` = (nats, relative), entropies that match
+    within ``nats + relative * max(a, b)``. One vectorised comparison per lag over the whole batch
+    (not per record: per-record numpy calls cost more than the arithmetic), never across a record's
+    edge. ``min_spread``: a stretch whose values vary less (standard deviation) is not a repetition
+    (a flat entropy sequence matches itself at every lag) and is passed over.
+    """
+    n = flat.size
+    if n < 2 or len(bounds) < 2:
+        return {}
+    sizes = np.diff(bounds)
+    owner = np.repeat(np.arange(sizes.size), sizes)
+    values = flat.astype(np.float32) if tolerance is not None else flat
+    # Most records repeat nothing: keep only those where enough consecutive tokens recur within
+    # max_period tokens (necessary for any stretch), then compare lags on those alone.
+    keep = _recurring_records(values, owner, max_period, min_repeats, min_tokens, tolerance)
+    if keep.size == 0:
+        return {}
+    if keep.size < sizes.size:
+        kept_bounds = np.concatenate(([0], np.cumsum(sizes[keep])))
+        found = _compare_lags(
+            np.concatenate([values[bounds[r]:bounds[r + 1]] for r in keep.tolist()]), kept_bounds,
+            np.repeat(np.arange(keep.size), sizes[keep]), max_period, min_repeats, min_tokens, tolerance, min_spread)
+        return {int(keep[k]): Stretch(int(keep[k]), st.period, st.start, st.end) for k, st in found.items()}
+    return _compare_lags(values, bounds, owner, max_period, min_repeats, min_tokens, tolerance, min_spread)
+
+
+def _shortest_run(max_period: int, min_repeats: float, min_tokens: int) -> int:
+    """Fewest consecutive matches at one lag that any acceptable stretch has (r matches at lag p
+    make r + p periodic tokens)."""
+    return min(max(min_tokens, int(np.ceil(min_repeats * p))) - p for p in range(1, max_period + 1))
+
+
+def _recurring_records(values: np.ndarray, owner: np.ndarray, max_period: int, min_repeats: float,
+                       min_tokens: int, tolerance: tuple[float, float] | None) -> np.ndarray:
+    """Indexes of the records with a run of at least ``_shortest_run`` tokens each of which recurs
+    (exactly, or within the tolerance) within ``max_period`` tokens in the same record.
+
+    One stable sort per key: equal keys sit next to each other in position order, so each token's
+    next occurrence is its neighbour. For entropies, two grids of cells as wide as twice the
+    tolerance, offset by half a cell: two values within the tolerance share a cell of one grid."""
+    n = values.size
+    if tolerance is None:
+        keys = [values.astype(np.int64)]
+    else:
+        width = 2 * (tolerance[0] + tolerance[1] * float(values.max(initial=0.0)))
+        if width <= 0:
+            keys = [values.view(np.int32).astype(np.int64)]
+        else:
+            scaled = values / np.float32(width)
+            keys = [np.floor(scaled).astype(np.int64), np.floor(scaled + np.float32(0.5)).astype(np.int64)]
+    recurs = np.zeros(n, dtype=np.bool_)
+    for key in keys:
+        key = (owner.astype(np.int64) << 33) + (key - key.min(initial=0))
+        order = np.argsort(key, kind="stable")
+        ordered = key[order]
+        twin = ordered[1:] == ordered[:-1]
+        first, then = order[:-1][twin], order[1:][twin]
+        recurs[first[then - first <= max_period]] = True
+    run = _shortest_run(max_period, min_repeats, min_tokens)
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], recurs.view(np.int8), [0]))))
+    starts, ends = edges[::2], edges[1::2]
+    marked = np.zeros(int(owner[-1]) + 1, dtype=np.bool_)
+    marked[owner[starts[(ends - starts) >= run]]] = True
+    return np.flatnonzero(marked)
+
+
+def _compare_lags(values: np.ndarray, bounds: np.ndarray, owner: np.ndarray, max_period: int,
+                  min_repeats: float, min_tokens: int, tolerance: tuple[float, float] | None,
+                  min_spread: float) -> dict[int, Stretch]:
+    """``periodic_stretches`` on records that passed the prefilter: every lag, exactly."""
+    n = values.size
+    # One buffer for every lag's matches, padded to whole 8-byte words: a stretch needs a run of
+    # matches long enough to cover a whole aligned block of 8 (or 4, 2) positions, and such a
+    # block is one word equal to 0x0101...01, so most lags are dismissed after the comparison
+    # and two cheap passes over an eighth of the tokens.
+    same_buffer = np.zeros(-(-n // 8) * 8, dtype=np.bool_)
+    scratch = np.empty(n, dtype=np.float32) if tolerance is not None else None
+    blocks = {8: (np.uint64, 0x0101010101010101), 4: (np.uint32, 0x01010101), 2: (np.uint16, 0x0101)}
+    candidates: list[tuple[int, int, int, int]] = []  # (record, length, period, batch start)
+    for period in range(1, min(max_period, n - 1) + 1):
+        need = max(min_tokens, int(np.ceil(min_repeats * period)))
+        width = n - period
+        same = same_buffer[:width]
+        if tolerance is None:
+            np.equal(values[period:], values[:-period], out=same)
+        else:
+            a, b, diff = values[:-period], values[period:], scratch[:width]  # type: ignore[index]
+            np.subtract(a, b, out=diff)
+            np.abs(diff, out=diff)
+            if tolerance[1]:
+                np.less_equal(diff, tolerance[0] + tolerance[1] * np.maximum(a, b), out=same)
+            else:
+                np.less_equal(diff, tolerance[0], out=same)
+        same_buffer[width:] = False
+        run = need - period  # matches in a row the shortest acceptable stretch has
+        block = next((size for size in (8, 4, 2) if run >= 2 * size - 1), 0)
+        if block:
+            kind, full = blocks[block]
+            if not (same_buffer.view(kind) == kind(full)).any():
+                continue
+        elif not same.any():
+            continue
+        same &= owner[period:] == owner[:-period]
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], same.view(np.int8), [0]))))
+        starts, ends = edges[::2], edges[1::2]
+        long = (ends - starts) >= run  # a run of r matches at lag p is r + p periodic tokens
+        for start, end in zip(starts[long].tolist(), ends[long].tolist()):
+            candidates.append((int(owner[start]), end - start + period, period, start))
+    if min_spread and candidates:
+        # standard deviation of every candidate stretch at once, from prefix sums
+        as_array = np.array(candidates, dtype=np.int64)
+        lengths, begins = as_array[:, 1], as_array[:, 3]
+        wide = values.astype(np.float64)
+        sums = np.concatenate(([0.0], np.cumsum(wide)))
+        squares = np.concatenate(([0.0], np.cumsum(wide * wide)))
+        mean = (sums[begins + lengths] - sums[begins]) / lengths
+        variance = (squares[begins + lengths] - squares[begins]) / lengths - mean * mean
+        candidates = [c for c, ok in zip(candidates, (variance >= min_spread * min_spread).tolist()) if ok]
+    best: dict[int, Stretch] = {}
+    for record, length, period, start in sorted(candidates, key=lambda c: (c[0], -c[1], c[2])):
+        if record in best:
+            continue
+        base = int(bounds[record])
+        best[record] = Stretch(record, period, start - base, start - base + length)
+    return best
+
+
+__all__ = ["Periodicity", "Stretch", "autocorrelation", "find_entropy_period", "find_id_period", "periodic_stretches"]

@@ -6,10 +6,12 @@ micro-batches of 512 as the runner feeds them; decoding and I/O are not included
 transport's and the sinks' figures).
 
 The entropy detectors are also scored, side by side with the fleet, on every labelled corpus in
-tests/data/entropy/ except dev.jsonl (the one their thresholds were chosen on): held_out.jsonl, and
-any corpus added there later (real-model traces) joins by itself. Each corpus is run twice, with its
-token ids and with them dropped (entropies alone), in file order through fresh detectors, as
-`entroloop eval entropy` runs it; figures there are per request (a request is flagged or not).
+tests/data/entropy/ except the tuning ones (dev.jsonl and lm_traces_dev.jsonl, where their settings
+were chosen): held_out.jsonl (synthetic, independent generator) and lm_traces_test.jsonl (a real
+tiny LM served by vLLM with the tap), and any corpus added there later joins by itself. Each corpus
+is run twice, as sent by a full sender (token ids, and the sampled tokens' surprisals where the
+corpus has them) and with those dropped (entropies alone), in file order through fresh detectors,
+as `entroloop eval entropy` runs it; figures there are per request (a request is flagged or not).
 
 Intent similarity is measured by entroloop/benchmarks/intent.py: the model alone and the
 two-stage cascade, pairs/s per stage, the share each stage decided, and their AUROC / balanced
@@ -27,7 +29,6 @@ from typing import Any
 from collectors.synthetic_fleet import SyntheticFleet
 from entroloop.benchmarks import intent as intent_bench
 from entroloop.benchmarks.report import Figure
-from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import (
     Alert,
     Audit,
@@ -36,9 +37,6 @@ from entroloop.contract.records import (
     Fallback,
     Feedback,
     IntentScore,
-    TokenEntropy,
-    pack_entropies,
-    pack_token_hashes,
 )
 from entroloop.contract.settings import Settings
 from streams.base import Processor
@@ -116,13 +114,14 @@ def _static_rules_baseline(settings: Settings, inputs: Sequence[Event], rate: fl
 
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "entropy"
-TUNING_CORPUS = "dev.jsonl"
-"""The corpus the evidence thresholds were chosen on: never reported as a result."""
+TUNING_CORPORA = ("dev.jsonl", "lm_traces_dev.jsonl")
+"""The corpora the evidence settings were chosen on (the synthetic generator's dev file, the real
+model's DEV split): never reported as a result."""
 
 
 def corpora(folder: Path = CORPUS_DIR) -> list[Path]:
-    """The labelled entropy corpora to report: every ``*.jsonl`` in ``folder`` but the tuning one."""
-    return sorted(p for p in folder.glob("*.jsonl") if p.name != TUNING_CORPUS)
+    """The labelled entropy corpora to report: every ``*.jsonl`` in ``folder`` but the tuning ones."""
+    return sorted(p for p in folder.glob("*.jsonl") if p.name not in TUNING_CORPORA)
 
 
 def run_corpora(settings: Settings, folder: Path = CORPUS_DIR,
@@ -146,16 +145,8 @@ def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str) -> 
     )
 
     lines = read_jsonl(path, EntropyLine)
-    records = []
-    for number, line in enumerate(lines):
-        at = 1_700_000_000.0 + number * 0.001
-        request_id = f"bench-{number}-{line.id}"
-        records.append(TokenEntropy(
-            event_id=derived_event_id(request_id, "bench", number, at=at), emitted_at=at, node_id="bench",
-            seq=number, request_id=request_id, trace_id="0" * 31 + "1", model=line.model, route=line.route,
-            entropies=pack_entropies(line.entropy),
-            token_hashes=pack_token_hashes(line.token_ids) if with_ids and line.token_ids is not None else b"",
-        ))
+    records = [line.record(f"bench-{number}-{line.id}", number, 1_700_000_000.0 + number * 0.001, "bench", with_ids)
+               for number, line in enumerate(lines)]
     truth = {r.request_id: line.label for r, line in zip(records, lines) if line.label is not None}
     load = os.getloadavg()[0]
     anomaly_rate, anomaly_out = _rate(EntropyAnomalyDetector.from_settings(settings), records)

@@ -293,9 +293,17 @@ class EntropyLine(msgspec.Struct):
     id: str | int | None = None
     route: str = "default"
     token_ids: list[int] | None = None
+    surprisal: list[float] | None = None
+    """Each sampled token's surprisal, -log p(token) in nats before temperature (optional)."""
     label: EntropyLabel | None = None
 
     def check(self) -> str:
+        if self.surprisal is not None:
+            if len(self.surprisal) != len(self.entropy):
+                return f"surprisal has {len(self.surprisal)} values for {len(self.entropy)} entropies"
+            for i, value in enumerate(self.surprisal):
+                if not value >= 0 or value == float("inf"):
+                    return f"surprisal[{i}] = {value} is not a finite surprisal >= 0 nats"
         if not self.entropy:
             return "entropy is empty (one value per generated token expected)"
         for i, value in enumerate(self.entropy):
@@ -307,23 +315,35 @@ class EntropyLine(msgspec.Struct):
             return "token_ids must be >= 0"
         return ""
 
+    def record(self, request_id: str, number: int, at: float, node: str, with_ids: bool = True):  # -> TokenEntropy
+        """The line as the TokenEntropy record a serving node would send (``with_ids=False``: the
+        entropies alone, as from a sender without token ids or logprobs)."""
+        from entroloop.contract.ids import derived_event_id
+        from entroloop.contract.records import (
+            TokenEntropy,
+            pack_entropies,
+            pack_token_hashes,
+        )
+
+        return TokenEntropy(
+            event_id=derived_event_id(request_id, node, number, at=at), emitted_at=at, node_id=node,
+            seq=number, request_id=request_id, trace_id="0" * 31 + "1", model=self.model, route=self.route,
+            entropies=pack_entropies(self.entropy),
+            token_hashes=pack_token_hashes(self.token_ids) if with_ids and self.token_ids is not None else b"",
+            surprisals=pack_entropies(self.surprisal) if with_ids and self.surprisal is not None else b"",
+        )
+
 
 @eval_app.command("entropy")
 def entropy(file: InputFile, as_json: AsJson = False, predictions: Predictions = None) -> None:
     """Loop and gibberish detection on labelled entropy traces: precision, recall, F1 per label.
 
-    Lines: {"id", "model", "entropy": [nats per generated token], "token_ids": [ints, optional], "label": {"loop": bool, "gibberish": bool} (optional)}; "route" optional, unknown keys ignored.
+    Lines: {"id", "model", "entropy": [nats per generated token], "token_ids": [ints, optional], "surprisal": [nats of each sampled token, optional], "label": {"loop": bool, "gibberish": bool} (optional)}; "route" optional, unknown keys ignored.
 
     Each line is one request, fed in file order through the same detectors and settings the pipeline runs (EntropyAnomalyDetector and EntropyBaselineDetector from settings), so per-model baselines learn as they go, as they would live. Only labelled lines count in the figures; predictions: {"id", "loop", "gibberish", "alerts": [...]}.
     """
     from entroloop.cli.common import settings_or_exit
-    from entroloop.contract.ids import derived_event_id
-    from entroloop.contract.records import (
-        Alert,
-        TokenEntropy,
-        pack_entropies,
-        pack_token_hashes,
-    )
+    from entroloop.contract.records import Alert
     from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
     from streams.entropy_baseline import EntropyBaselineDetector
 
@@ -339,12 +359,7 @@ def entropy(file: InputFile, as_json: AsJson = False, predictions: Predictions =
     for number, line in enumerate(lines):
         at = start + number * 0.001  # one request per millisecond of event time, in file order
         request_id = f"eval-{number}-{line.id}"
-        record = TokenEntropy(
-            event_id=derived_event_id(request_id, "eval", number, at=at), emitted_at=at, node_id="eval",
-            seq=number, request_id=request_id, trace_id="0" * 31 + "1", model=line.model, route=line.route,
-            entropies=pack_entropies(line.entropy),
-            token_hashes=pack_token_hashes(line.token_ids) if line.token_ids is not None else b"",
-        )
+        record = line.record(request_id, number, at, "eval")
         alerts = [a for d in detectors for a in d.process(record) if isinstance(a, Alert)]
         flagged = {"loop": any(a.rule == LOOP for a in alerts), "gibberish": any(a.rule == GIBBERISH for a in alerts)}
         for name, tally in counts.items():

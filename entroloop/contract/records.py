@@ -95,6 +95,14 @@ class TokenEntropy(Event, tag="token_entropy"):
     generated token (or a 32-bit hash of it), packed little-endian uint32, one per entropy: it lets
     a detector confirm a loop by actual repetition of the tokens rather than by low entropy alone.
     Records written before it existed decode with it empty.
+
+    ``surprisals`` (optional, empty when the sender does not have it) is each sampled token's own
+    surprisal, ``-log p(token)`` in nats under the model's distribution before temperature, packed
+    like ``entropies`` (float16, one per entropy). Entropy is the *expected* surprisal; a sampled
+    token far more surprising than that, token after token, is the model being made to say what it
+    would not (high-temperature gibberish), which the pre-temperature entropy barely shows. A sender
+    that receives logprobs (vLLM's ``logprobs`` with its default ``raw_logprobs`` mode) has it for
+    free. Records written before it existed decode with it empty.
     """
 
     model: str
@@ -106,6 +114,7 @@ class TokenEntropy(Event, tag="token_entropy"):
     final: bool = True
     approximate: bool = False
     token_hashes: bytes = b""
+    surprisals: bytes = b""
 
     topic: ClassVar[str] = "entroloop.tokens.v1"
 
@@ -127,6 +136,15 @@ class TokenEntropy(Event, tag="token_entropy"):
                 f"token_hashes must be one packed uint32 per token ({len(self.entropies) // 2} tokens, "
                 f"{len(self.token_hashes)} bytes of hashes)"
             )
+        if self.surprisals:
+            if len(self.surprisals) != len(self.entropies):
+                raise ValueError(
+                    f"surprisals must be one packed float16 per token ({len(self.entropies) // 2} tokens, "
+                    f"{len(self.surprisals)} bytes of surprisals)"
+                )
+            bits = np.frombuffer(self.surprisals, dtype="<u2")
+            if ((bits >= 0x7C00) & (bits != 0x8000)).any():
+                raise ValueError("surprisals contain NaN, Inf or a negative value (nats >= 0 expected)")
 
     def values(self) -> np.ndarray:
         """The entropies as a float16 numpy view (no copy)."""
@@ -135,6 +153,10 @@ class TokenEntropy(Event, tag="token_entropy"):
     def hashes(self) -> np.ndarray | None:
         """The token ids/hashes as a uint32 numpy view, or None when the record carries none."""
         return np.frombuffer(self.token_hashes, dtype="<u4") if self.token_hashes else None
+
+    def surprisal_values(self) -> np.ndarray | None:
+        """The sampled tokens' surprisals as a float16 view, or None when the record carries none."""
+        return np.frombuffer(self.surprisals, dtype="<f2") if self.surprisals else None
 
     @property
     def n_tokens(self) -> int:

@@ -133,7 +133,7 @@ class Settings(BaseSettings):
         "gibberish a sustained level above an absolute floor and the (model, route)'s own learned band. "
         "False: the static rules alone (every low or high run is an alert)."
     )
-    loop_max_period: int = Field(12, ge=1, description="Loop evidence: longest repeating cycle looked for (tokens).")
+    loop_max_period: int = Field(48, ge=1, description="Loop evidence: longest repeating cycle looked for (tokens; a repeated sentence is tens).")
     loop_min_repeats: float = Field(3.0, ge=2, description="Loop evidence: the cycle must repeat at least this often ...")
     loop_min_tokens: int = Field(
         16, ge=2, description="... over at least this many tokens (token ids known)."
@@ -146,6 +146,23 @@ class Settings(BaseSettings):
     )
     loop_entropy_tolerance_relative: float = Field(
         0.15, ge=0, description="... plus this fraction of the larger one."
+    )
+    loop_entropy_min_spread_nats: float = Field(
+        0.5, ge=0, description="Entropy-only loops at any level: an entropy sequence that repeats with a period "
+        "counts as a loop only if it varies at least this much (standard deviation; a flat sequence repeats trivially)."
+    )
+    loop_entropy_repeat_tolerance_nats: float = Field(
+        0.25, ge=0, description="... and two entropies one period apart must match within this many nats (the same "
+        "context gives the same distribution: a real model's loop repeats its entropies to ~0.05 nats; chance matches "
+        "between unrelated tokens are ~0.5 nats apart)."
+    )
+    gibberish_surprisal_window: int = Field(
+        32, ge=1, description="Gibberish from surprisal (records that carry the sampled tokens' surprisals): tokens in "
+        "the rolling median of surprisal minus entropy."
+    )
+    gibberish_surprisal_excess_nats: float = Field(
+        2.25, gt=0, description="... which must exceed this many nats (the sampled tokens keep surprising the model far "
+        "more than its own entropy expects: sampling much flatter than the model)."
     )
     entropy_band_window: int = Field(
         20, ge=1, description="Per-model bands: tokens in the rolling median that measures sustained entropy."

@@ -12,11 +12,14 @@ sampling, and high temperature (gibberish). Labels are judged from the decoded t
 the file cannot have shaped them.
 
 ``python -m tests.corpora.lm_traces`` (in .venv-ml) trains or loads the model and rewrites
-``tests/data/entropy/lm_traces.jsonl`` deterministically for a given model.
+``tests/data/entropy/lm_traces_dev.jsonl`` and ``lm_traces_test.jsonl`` deterministically for a
+given model. The split is by a hash of each request id (``split_of``), fixed before any detector
+setting was chosen: settings are tuned on the DEV file only; the TEST file is the one reported.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -33,7 +36,9 @@ from tests.corpora.tiny_lm import (
     training_report,
 )
 
-OUTPUT = Path(__file__).resolve().parents[1] / "data" / "entropy" / "lm_traces.jsonl"
+FOLDER = Path(__file__).resolve().parents[1] / "data" / "entropy"
+OUTPUTS = {"dev": FOLDER / "lm_traces_dev.jsonl", "test": FOLDER / "lm_traces_test.jsonl"}
+"""DEV: detector settings are tuned here. TEST: reported by `entroloop bench detectors`, never tuned on."""
 MODEL_NAME = "tiny-lm-zh-en"
 SEED = 14
 
@@ -74,6 +79,22 @@ class Request:
     regime: Regime
     max_tokens: int
     seed: int
+
+
+def split_of(request_id: str) -> str:
+    """"dev" or "test": half the requests each, by the first byte of the id's SHA-256 (not by regime,
+    language or label, so both halves hold every kind of request)."""
+    return "dev" if hashlib.sha256(request_id.encode()).digest()[0] < 128 else "test"
+
+
+def read_lines() -> dict[str, dict]:
+    """Every checked-in trace (both splits), by id."""
+    lines = {}
+    for path in OUTPUTS.values():
+        for raw in path.read_text().splitlines():
+            line = json.loads(raw)
+            lines[line["id"]] = line
+    return lines
 
 
 def corpus_prompts(count_per_lang: int, seed: int = SEED) -> list[tuple[str, str]]:
@@ -222,6 +243,10 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
             max_tokens=r.max_tokens,
             ignore_eos=True,  # a message ends early; the model then starts the next one
             seed=r.seed,
+            # The sampled token's own log-probability, from the raw logits (vLLM's default
+            # ``logprobs_mode="raw_logprobs"``: before temperature and top-p): its surprisal is
+            # the gibberish evidence that pre-temperature entropy cannot give (see the README).
+            logprobs=0,
             extra_args={"entroloop_request_id": r.id},
         )
         for r in requests
@@ -232,6 +257,14 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
     traces = []
     for request, output in zip(requests, outputs):
         token_ids = list(output.outputs[0].token_ids)
+        surprisal = [
+            round(-float(position[token].logprob), 4)
+            for token, position in zip(token_ids, output.outputs[0].logprobs or [])
+        ]
+        if len(surprisal) != len(token_ids):
+            raise RuntimeError(
+                f"{request.id}: vLLM returned {len(surprisal)} logprobs for {len(token_ids)} tokens"
+            )
         values = entropies[request.id]
         if len(values) != len(token_ids):
             raise RuntimeError(
@@ -243,6 +276,7 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
                 "model": MODEL_NAME,
                 "entropy": [round(v, 4) for v in values],
                 "token_ids": token_ids,
+                "surprisal": surprisal,
                 "prompt_token_ids": list(output.prompt_token_ids),
                 "text": decode(tokenizer, token_ids),
                 "request": request,
@@ -267,6 +301,7 @@ def to_line(trace: dict, lex: Lexicon, model_folder: Path) -> dict:
         "model": trace["model"],
         "entropy": trace["entropy"],
         "token_ids": trace["token_ids"],
+        "surprisal": trace["surprisal"],
         "label": {"loop": labelled["loop"], "gibberish": labelled["gibberish"]},
         "generator": {
             "source": "tests/corpora/lm_traces.py",
@@ -282,8 +317,20 @@ def to_line(trace: dict, lex: Lexicon, model_folder: Path) -> dict:
     }
 
 
+def write_split(lines: list[dict], outputs: dict[str, Path] = OUTPUTS) -> None:
+    """Each line to its split's file, in generation order."""
+    for split, path in outputs.items():
+        path.write_text(
+            "".join(
+                json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+                for line in lines
+                if split_of(line["id"]) == split
+            )
+        )
+
+
 def main(
-    output: Path = OUTPUT, count_per_lang: int = 30, model_folder: Path | None = None
+    outputs: dict[str, Path] = OUTPUTS, count_per_lang: int = 30, model_folder: Path | None = None
 ) -> None:
     import tempfile
 
@@ -308,17 +355,12 @@ def main(
         )
     lex = lexicon()
     lines = [to_line(t, lex, model_folder) for t in traces]
-    output.write_text(
-        "".join(
-            json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
-            for line in lines
-        )
-    )
+    write_split(lines, outputs)
     loops = sum(line["label"]["loop"] for line in lines)
     gibberish = sum(line["label"]["gibberish"] for line in lines)
     report = training_report(model_folder)
     print(
-        f"[lm-traces] wrote {len(lines)} traces to {output}: {loops} loop, {gibberish} gibberish "
+        f"[lm-traces] wrote {len(lines)} traces to {', '.join(str(p) for p in outputs.values())}: {loops} loop, {gibberish} gibberish "
         f"(model {report['parameters'] / 1e6:.2f} M parameters, final loss {report['final_loss_nats']} nats)",
         file=sys.stderr,
     )

@@ -1,6 +1,6 @@
 """Loop and gibberish labels judged from decoded text alone (never from entropies).
 
-The labels of ``tests/data/entropy/lm_traces.jsonl`` come from here, so the entropy detectors that
+The labels of ``tests/data/entropy/lm_traces_{dev,test}.jsonl`` come from here, so the entropy detectors that
 are scored on that file never see how the labels were made. The rules, and why:
 
 * **loop** — the text repeats itself verbatim: after collapsing whitespace, some stretch of at

@@ -2,7 +2,7 @@
 
 The model (``tests.corpora.tiny_lm``) is trained once on Debian's zh_CN gettext catalogs and cached
 under ~/.cache/entroloop; this test regenerates a few of the requests behind
-``tests/data/entropy/lm_traces.jsonl`` and checks what that file claims about them:
+``tests/data/entropy/lm_traces_{dev,test}.jsonl`` and checks what that file claims about them:
 
 * the tap ships one entropy per generated token, and each equals a float64 transformers forward
   pass over the prompt and the token ids vLLM returned (so entropies and ids belong together);
@@ -11,12 +11,14 @@ under ~/.cache/entroloop; this test regenerates a few of the requests behind
   low: this model's loops run through message boundaries where it is unsure (~3.5 nats mean);
 * sampling at high temperature gives text the labeller calls gibberish, at higher entropy than
   greedy text;
+* vLLM's logprob of each sampled token (raw, before temperature) is its surprisal under a float64
+  forward pass, and high-temperature text is far more surprising than the model's own entropy
+  while greedy text is less (the gibberish evidence the entropy alone cannot give);
 * with the same cached model, the regenerated requests reproduce the checked-in lines.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +100,30 @@ def test_tap_entropies_belong_to_the_returned_token_ids(
     print(f"worst |tap - reference| = {worst:.4f} nats")
 
 
+def test_surprisals_are_the_sampled_tokens_own_and_exceed_entropy_only_when_hot(
+    model_folder: Path, regenerated: dict
+) -> None:
+    from tests.integration.vllm_tiny_model import reference_surprisals
+
+    for trace in regenerated["traces"]:
+        expected = np.array(
+            reference_surprisals(model_folder, trace["prompt_token_ids"], trace["token_ids"])
+        )
+        # logprobs are float32 from vLLM and rounded to 4 decimals here; a surprisal taken at the
+        # wrong position or under temperature is off by nats
+        error = np.abs(np.array(trace["surprisal"]) - expected)
+        assert error.max() <= 0.05, (trace["id"], int(error.argmax()))
+    excess = {
+        regime: [
+            float(np.median(np.array(t["surprisal"]) - np.array(t["entropy"])))
+            for t, _ in by_regime(regenerated, regime)
+        ]
+        for regime in ("greedy", "very-hot")
+    }
+    assert max(excess["greedy"]) < 0, excess  # greedy picks tokens the model was surer of than average
+    assert min(excess["very-hot"]) > 2.0, excess  # T=2.0 keeps drawing tokens the model found unlikely
+
+
 def token_period(token_ids: list[int], max_period: int = 64) -> int | None:
     """The shortest period with which the token ids end (at least three copies), or None."""
     for period in range(1, max_period + 1):
@@ -159,16 +185,13 @@ def test_high_temperature_gives_gibberish_at_higher_entropy_than_greedy(
 def test_regenerated_requests_reproduce_the_checked_in_lines(
     model_folder: Path, regenerated: dict
 ) -> None:
-    from tests.corpora.lm_traces import OUTPUT
+    from tests.corpora.lm_traces import read_lines
 
-    checked_in = {}
-    for raw in OUTPUT.read_text().splitlines():
-        line = json.loads(raw)
-        checked_in[line["id"]] = line
+    checked_in = read_lines()
     first = next(iter(checked_in.values()))
     if first["generator"]["model_folder"] != model_folder.name:
         pytest.skip(
-            f"the cached model {model_folder.name} is not the one that generated {OUTPUT.name} "
+            f"the cached model {model_folder.name} is not the one that generated the checked-in traces "
             f"({first['generator']['model_folder']}): different catalog versions, config or code; "
             "rerun `python -m tests.corpora.lm_traces` to regenerate the file"
         )
@@ -177,6 +200,7 @@ def test_regenerated_requests_reproduce_the_checked_in_lines(
         assert stored["generator"]["prompt"] == line["generator"]["prompt"]
         assert stored["token_ids"] == line["token_ids"], line["id"]
         assert stored["label"] == line["label"], line["id"]
+        assert np.abs(np.array(stored["surprisal"]) - np.array(line["surprisal"])).max() <= TOLERANCE
         assert (
             np.abs(np.array(stored["entropy"]) - np.array(line["entropy"])).max()
             <= TOLERANCE

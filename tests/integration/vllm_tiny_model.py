@@ -98,6 +98,19 @@ def reference_entropies(folder: Path, prompt_ids: list[int], output_ids: list[in
     return (-(logp.exp() * logp).sum(-1)).tolist()
 
 
+def reference_surprisals(folder: Path, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+    """-log p (nats) of each generated token under the model (before temperature), float64."""
+    import torch
+
+    model = _cached_model(str(folder))
+    ids = torch.tensor([prompt_ids + output_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0].double()
+    steps = logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(output_ids)]
+    logp = torch.log_softmax(steps, dim=-1)
+    return (-logp[torch.arange(len(output_ids)), torch.tensor(output_ids)]).tolist()
+
+
 _MODELS: dict[str, object] = {}
 
 

@@ -1,4 +1,4 @@
-"""The text-only labeller behind tests/data/entropy/lm_traces.jsonl (pure logic, no model)."""
+"""The text-only labeller behind tests/data/entropy/lm_traces_{dev,test}.jsonl (pure logic, no model)."""
 
 from __future__ import annotations
 

@@ -23,13 +23,12 @@ def _write(path: Path, lines: list[dict]) -> Path:
     return path
 
 
-def test_every_corpus_but_the_tuning_one_is_reported(tmp_path: Path) -> None:
-    for name in ("dev.jsonl", "held_out.jsonl", "lm_traces.jsonl"):
+def test_every_corpus_but_the_tuning_ones_is_reported(tmp_path: Path) -> None:
+    for name in ("dev.jsonl", "held_out.jsonl", "lm_traces_dev.jsonl", "lm_traces_test.jsonl"):
         _write(tmp_path / name, [])
     (tmp_path / "README.md").write_text("not a corpus")
-    assert [p.name for p in corpora(tmp_path)] == ["held_out.jsonl", "lm_traces.jsonl"]
-    assert "held_out.jsonl" in [p.name for p in corpora(CORPUS_DIR)]
-    assert "dev.jsonl" not in [p.name for p in corpora(CORPUS_DIR)]
+    assert [p.name for p in corpora(tmp_path)] == ["held_out.jsonl", "lm_traces_test.jsonl"]
+    assert [p.name for p in corpora(CORPUS_DIR)] == ["held_out.jsonl", "lm_traces_test.jsonl"]
 
 
 def test_corpus_figures_with_ids_and_from_entropies_alone(tmp_path: Path) -> None:
