@@ -22,6 +22,7 @@ app = typer.Typer(
 )
 
 COMMAND_MODULES = [
+    "settings_command",
     "embedded",
     "bench",
     "audit",

@@ -1,4 +1,4 @@
-"""Commands of the embedded mode: demo, replay, query, migrate, settings."""
+"""Commands of the embedded mode: demo, replay, query, migrate."""
 
 from __future__ import annotations
 
@@ -20,9 +20,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from entroloop.cli.common import broker_problem, embedded_store_or_exit, print_json, settings_or_exit
+from entroloop.cli.common import (
+    broker_problem,
+    embedded_store_or_exit,
+    print_json,
+    settings_or_exit,
+)
 from entroloop.contract.records import TokenEntropy
-from entroloop.contract.settings import Settings, settings_markdown
+from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPICS
 from entroloop.demo_summary import FleetTruth, summarize
 from entroloop.infra.clickhouse.client import ClickHouseLocked
@@ -42,7 +47,6 @@ def _settings(data_dir: Path | None, **extra: Any) -> Settings:
 
 def _runner(settings: Settings):
     from entroloop.runner import EmbeddedRunner
-
     from streams.actions import RunbookError
 
     try:
@@ -231,22 +235,6 @@ def register(app: typer.Typer) -> None:
             print_json({"applied": [f"{m.version:04d}_{m.name}" for m in done]})
             return
         out.print(f"applied {len(done)} migration(s): {', '.join(f'{m.version:04d}_{m.name}' for m in done) or 'none needed'}")
-
-    @app.command("settings")
-    def show_settings(
-        markdown: Annotated[bool, typer.Option("--markdown", help="The documentation table of every variable.")] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="The effective settings as one JSON object (secrets masked).")] = False,
-    ) -> None:
-        """Show the effective settings (secrets masked), or document every variable."""
-        if markdown:
-            print(settings_markdown())
-            return
-        current = _settings(None)
-        if as_json:
-            print_json({f"ENTROLOOP_{name.upper()}": value for name, value in current.model_dump(mode="json").items()})
-            return
-        for name, value in current.model_dump().items():
-            out.print(f"ENTROLOOP_{name.upper()}={value}")
 
 
 def _demo_through_kafka(settings: Settings, broker: str, requests: int, seed: int) -> dict[str, Any]:

@@ -204,3 +204,10 @@ def test_only_a_known_extra_is_named() -> None:
     # a module no extra provides is a bug or a broken environment: left to raise as it is
     assert missing_extra_message(ModuleNotFoundError("x", name="streams.nonexistent"), "worker") is None
     assert missing_extra_message(ImportError("cannot import name 'x'", name="chdb"), "query") is None
+
+
+def test_a_serving_node_can_check_its_settings_without_the_store(tmp_path: Path) -> None:
+    """`entroloop settings` lives outside the embedded commands, so the slim install has it."""
+    result = run_cli(["settings", "--json"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.splitlines()[-1])["ENTROLOOP_DATA_DIR"] == str(tmp_path / "data")
