@@ -83,7 +83,7 @@ def test_alerts_call_webhooks_once_and_publish_actions(kafka_bootstrap, topic_pr
     stats = run_actions(actions_env)
 
     assert (stats["messages"], stats["handled"], stats["dead_letters"]) == (6, 5, 1), stats
-    assert stats["commits"] == 6 and stats["published"] == {Action.topic: 3}, stats
+    assert stats["committed"] == 6 and stats["published"] == {Action.topic: 3}, stats
     assert stats["outcomes"]["ok"] == 3 and stats["outcomes"]["duplicates"] == 1, stats
     assert sorted(receiver.paths()) == [f"/admin/routes/route-{n}/tier" for n in range(3)]
     assert all(r.body["tier"] == "fallback" for r in receiver.requests)
