@@ -26,7 +26,9 @@ webhooks answered by a stub HTTP server in this process. Derived records
 keep their source's ``emitted_at`` (``streams.base.derive``), and the Kafka timestamp of an alert
 or action is when the worker produced it, so per alert, lag = its append to the alerts topic
 (durable, where actions, circuit breakers and rollbacks read it) - emitted_at, and per action,
-its append to the actions topic (after its steps ran) - emitted_at.
+its append to the actions topic (after its steps ran) - emitted_at. With ``baseline_checkout``,
+each run also measures the phase with `entroloop actions` from that checkout (the worker from this
+one), so the action runner's before and after are side by side in the same runs.
 
 Each phase is repeated (``entroloop.benchmarks.repeats``): a figure is the median of the runs.
 """
@@ -332,8 +334,10 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def measure_alerts(bootstrap: str, sample: list[list[Any]], rate: float, seconds: float, partitions: int,
-                   progress: Progress = lambda text: None, settle_s: float = 5.0) -> dict[str, Any]:
-    """One run: publisher -> Kafka -> `entroloop worker` + `entroloop actions`; alert and action lags."""
+                   progress: Progress = lambda text: None, settle_s: float = 5.0,
+                   actions_checkout: Path = REPO_ROOT) -> dict[str, Any]:
+    """One run: publisher -> Kafka -> `entroloop worker` + `entroloop actions` (the latter from
+    ``actions_checkout``); alert and action lags."""
     from entroloop.contract.records import Action, Alert
     from entroloop.infra.kafka_topics import ensure_topics
 
@@ -353,7 +357,7 @@ def measure_alerts(bootstrap: str, sample: list[list[Any]], rate: float, seconds
                                ENTROLOOP_ACTIONS_GATEWAY_URL=stub, ENTROLOOP_ACTIONS_VLLM_URL=stub)
             # `entroloop actions` logs nothing when its partitions arrive: its group tells
             workers.append(_Process([sys.executable, "-m", "entroloop.cli", "actions", "--log-level", "info",
-                                     "--session-timeout-s", "10"], actions_env, ready="\0never"))
+                                     "--session-timeout-s", "10"], actions_env, ready="\0never", cwd=actions_checkout))
             workers[0].wait_ready(180, "entroloop worker")
             _wait_for_group(bootstrap, f"{prefix}entroloop-actions", workers[1], 180)
             progress(f"publishing {int(rate * seconds):,} requests at {rate:,.0f}/s")
@@ -419,12 +423,20 @@ def run(bootstrap: str, rates: tuple[float, ...] = (2000, 5000), seconds: float 
 
         def alert_once() -> dict[str, float]:
             n = next(count)
-            out = measure_alerts(bootstrap, sample, ALERT_RATE, seconds, partitions,
-                                 progress=lambda t: progress(f"alerts at {ALERT_RATE:,} req/s, run {n}/{runs}: {t}"))
+            tell = lambda text: progress(f"alerts at {ALERT_RATE:,} req/s, run {n}/{runs}: {text}")
+            before: dict[str, float] = {}
+            if baseline_checkout:
+                old = measure_alerts(bootstrap, sample, ALERT_RATE, seconds, partitions, actions_checkout=baseline_checkout,
+                                     progress=lambda t: tell(f"[actions at {baseline}] {t}"))
+                result["details"]["alerts_before"] = old
+                before = {f"before_{k}": float(old[k]) for k in ("alert_p99_s", "action_p50_s", "action_p99_s", "actions")}
+            out = measure_alerts(bootstrap, sample, ALERT_RATE, seconds, partitions, progress=tell)
+            if baseline_checkout:  # the ratio per run: both phases saw the same load
+                before["action_p99_before_over_after"] = before["before_action_p99_s"] / max(float(out["action_p99_s"]), 1e-9)
             result["details"]["alerts"] = out
             return {**{k: float(out[k]) for k in ("alert_p50_s", "alert_p99_s", "action_p50_s", "action_p99_s",
                                                   "alerts", "actions")},
-                    "alert_phase_requests_per_s": float(out["achieved_requests_per_s"])}
+                    "alert_phase_requests_per_s": float(out["achieved_requests_per_s"]), **before}
 
         result["alerts"] = repeat_many(alert_once, runs)
     result["baseline"] = baseline
@@ -494,8 +506,23 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             Figure.repeated(SECTION, f"emit -> alert in Kafka p50 {at}", alerts["alert_p50_s"], "s", note=note),
             Figure.repeated(SECTION, f"emit -> alert in Kafka p99 {at}", alerts["alert_p99_s"], "s",
                             target=f"<= {TARGET_ALERT_P99_S:g} s", met=bool(alerts["alert_p99_s"].median <= TARGET_ALERT_P99_S)),
-            Figure.repeated(SECTION, f"emit -> action executed p99 {at}", alerts["action_p99_s"], "s"),
+            Figure.repeated(SECTION, f"emit -> action executed p50 {at}", alerts["action_p50_s"], "s"),
+            Figure.repeated(SECTION, f"emit -> action executed p99 {at}", alerts["action_p99_s"], "s",
+                            target=f"<= {TARGET_ALERT_P99_S:g} s", met=bool(alerts["action_p99_s"].median <= TARGET_ALERT_P99_S),
+                            note="batches of what one poll fetched, webhooks on a bounded pool"),
         ]
+        if "before_action_p99_s" in alerts:
+            before = (f"`entroloop actions` at {result['baseline']} (one alert at a time), the worker from this "
+                      "checkout, same runs")
+            out += [
+                Figure.repeated(SECTION, f"before: emit -> action executed p50 {at}", alerts["before_action_p50_s"], "s",
+                                note=before),
+                Figure.repeated(SECTION, f"before: emit -> action executed p99 {at}", alerts["before_action_p99_s"], "s",
+                                note=before),
+                Figure.repeated(SECTION, f"before: emit -> alert in Kafka p99 {at}", alerts["before_alert_p99_s"], "s"),
+                Figure.repeated(SECTION, f"emit -> action executed p99, before / after, {at}",
+                                alerts["action_p99_before_over_after"], "×", note="ratio taken per run"),
+            ]
     return out
 
 

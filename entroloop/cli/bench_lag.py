@@ -24,7 +24,7 @@ def lag(
     partitions: Annotated[int, typer.Option(min=1, help="Partitions per topic.")] = 6,
     batch_seconds: Annotated[float, typer.Option(min=0.01, help="The sink's batch time bound (ENTROLOOP_SINK_BATCH_SECONDS; the oldest row of a batch waits that long, so p99 cannot be lower). 0.5 s: about two inserts per table per second.")] = 0.5,
     alerts: Annotated[bool, typer.Option("--alerts/--no-alerts", help="Also measure emit -> alert and -> action through `entroloop worker` and `entroloop actions`.")] = True,
-    baseline_checkout: Annotated[Path | None, typer.Option(help="Also run the sink from this checkout (e.g. a worktree of the previous commit) at the first rate, in the same runs: before/after side by side.")] = None,
+    baseline_checkout: Annotated[Path | None, typer.Option(help="Also run the sink (at the first rate) and `entroloop actions` (in the alert phase) from this checkout (e.g. a worktree of the previous commit), in the same runs: before/after side by side.")] = None,
     out: Annotated[Path, typer.Option("--out", help="The Markdown report to update.")] = Path("BENCHMARKS.md"),
     as_json: Annotated[bool, typer.Option("--json", help="End with the medians as one JSON line.")] = False,
 ) -> None:
