@@ -58,6 +58,7 @@ from entroloop.benchmarks.report import Figure
 TARGET_P99_S = {2000: 1.0, 5000: 2.0}  # emit -> queryable, by request rate (issue 16)
 TARGET_ALERT_P99_S = 2.0
 ALERT_RATE = 2000
+BASELINE_PARTS = ("sink", "actions")  # what --baseline-checkout may run from the other checkout
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECTION = "lag"
 Progress = Callable[[str], None]
@@ -392,6 +393,7 @@ def measure_alerts(bootstrap: str, sample: list[list[Any]], rate: float, seconds
 # --- the whole benchmark ----------------------------------------------------------------------------
 def run(bootstrap: str, rates: tuple[float, ...] = (2000, 5000), seconds: float = 15, runs: int = 3,
         partitions: int = 6, batch_seconds: float = 0.5, alerts: bool = True, baseline_checkout: Path | None = None,
+        baseline_of: tuple[str, ...] = BASELINE_PARTS,
         sample_requests: int = 2000, seed: int = 7, progress: Progress = lambda text: None) -> dict[str, Any]:
     """Every phase, each repeated ``runs`` times; returns ``Repeated`` figures and the last run's details."""
     progress(f"generating a sample of {sample_requests:,} fleet requests")
@@ -406,7 +408,7 @@ def run(bootstrap: str, rates: tuple[float, ...] = (2000, 5000), seconds: float 
             n = next(count)
             tell = lambda text: progress(f"{rate:,.0f} req/s, run {n}/{runs}: {text}")
             out: dict[str, float] = {}
-            if baseline_checkout and rate == rates[0]:
+            if baseline_checkout and "sink" in baseline_of and rate == rates[0]:
                 before = measure_queryable(bootstrap, sample, rate, seconds, partitions, batch_seconds,
                                            checkout=baseline_checkout, progress=lambda t: tell(f"[sink at {baseline}] {t}"))
                 out.update({f"before_{k}": float(before[k]) for k in ("p50_s", "p99_s", "lost", "inserts_per_table_s")})
@@ -425,13 +427,13 @@ def run(bootstrap: str, rates: tuple[float, ...] = (2000, 5000), seconds: float 
             n = next(count)
             tell = lambda text: progress(f"alerts at {ALERT_RATE:,} req/s, run {n}/{runs}: {text}")
             before: dict[str, float] = {}
-            if baseline_checkout:
+            if baseline_checkout and "actions" in baseline_of:
                 old = measure_alerts(bootstrap, sample, ALERT_RATE, seconds, partitions, actions_checkout=baseline_checkout,
                                      progress=lambda t: tell(f"[actions at {baseline}] {t}"))
                 result["details"]["alerts_before"] = old
                 before = {f"before_{k}": float(old[k]) for k in ("alert_p99_s", "action_p50_s", "action_p99_s", "actions")}
             out = measure_alerts(bootstrap, sample, ALERT_RATE, seconds, partitions, progress=tell)
-            if baseline_checkout:  # the ratio per run: both phases saw the same load
+            if before:  # the ratio per run: both phases saw the same load
                 before["action_p99_before_over_after"] = before["before_action_p99_s"] / max(float(out["action_p99_s"]), 1e-9)
             result["details"]["alerts"] = out
             return {**{k: float(out[k]) for k in ("alert_p50_s", "alert_p99_s", "action_p50_s", "action_p99_s",
@@ -487,7 +489,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
         ]
         out += [Figure.repeated(SECTION, f"{name} {at}", f[key], unit) for key, (name, unit) in STAGES.items() if key in f]
         if "before_p99_s" in f:
-            before = f"sink at {result['baseline']} (one batch per partition), same runs"
+            before = f"the sink from {result['baseline']}, same runs"
             out += [
                 Figure.repeated(SECTION, f"before: emit -> queryable lag p50 {at}", f["before_p50_s"], "s", note=before),
                 Figure.repeated(SECTION, f"before: emit -> queryable lag p99 {at}", f["before_p99_s"], "s", note=before),
@@ -512,8 +514,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                             note="batches of what one poll fetched, webhooks on a bounded pool"),
         ]
         if "before_action_p99_s" in alerts:
-            before = (f"`entroloop actions` at {result['baseline']} (one alert at a time), the worker from this "
-                      "checkout, same runs")
+            before = f"`entroloop actions` from {result['baseline']}, the worker from this checkout, same runs"
             out += [
                 Figure.repeated(SECTION, f"before: emit -> action executed p50 {at}", alerts["before_action_p50_s"], "s",
                                 note=before),

@@ -136,6 +136,9 @@ def test_bench_lag_refuses_bad_rates_and_a_baseline_that_is_no_checkout(tmp_path
     result = CliRunner().invoke(app, ["bench", "lag", "--baseline-checkout", str(tmp_path), "--out", str(tmp_path / "B.md")])
     text = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
     assert result.exit_code != 0 and "not an entroloop checkout" in text
+    result = CliRunner().invoke(app, ["bench", "lag", "--baseline-of", "gateway", "--out", str(tmp_path / "B.md")])
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code != 0 and "sink, actions" in text
 
 
 def test_lag_figures_put_the_action_runner_before_and_after_side_by_side() -> None:
