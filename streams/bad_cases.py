@@ -9,13 +9,20 @@ correction of the same answer joins too; each feedback joins once (its event id 
 
 The output ``BadCase`` is derived from the feedback, so it has the same event id whichever
 arrival order produced it, and a redelivered feedback never becomes a second bad case.
+
+Expiry runs on every watermark (every 0.25 s under the worker), so it must not scan the state: the
+joiner keeps an index of entries by ``last_seen`` (``ExpiryIndex``, a heap) and pops only the expired.
+Entries that reach ``state`` without passing through ``process`` (recovered from the changelog
+after a restart or a rebalance) are indexed by a full scan when the state's size no longer matches
+the index, and at least once per ``ttl_s`` of event time whatever the size says.
 """
 
 from __future__ import annotations
 
 import difflib
+import heapq
 import re
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import ClassVar
 
 import msgspec
@@ -47,6 +54,54 @@ JOIN_STATE: TableStateSpec[JoinEntry] = TableStateSpec.msgpack("bad_case_join", 
 encode_entry = JOIN_STATE.encode
 """Table value serializer (changelog bytes)."""
 decode_entry = JOIN_STATE.decode
+
+
+class ExpiryIndex:
+    """Keys by the time they were last seen: ``expired(horizon)`` yields the keys last seen before
+    ``horizon`` in O(expired · log n), not O(n).
+
+    A heap of (last_seen, key) with lazy deletion: ``touch`` pushes a key again when its time
+    changes, and the entry it supersedes is skipped when it surfaces (``_current`` knows each key's
+    time); the heap is rebuilt when the superseded entries outnumber the live ones."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, str]] = []
+        self._current: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._current)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._current
+
+    def touch(self, key: str, last_seen: float) -> None:
+        if self._current.get(key) == last_seen:
+            return
+        self._current[key] = last_seen
+        heapq.heappush(self._heap, (last_seen, key))
+        if len(self._heap) > 2 * len(self._current) + 1024:
+            self._rebuild()
+
+    def discard(self, key: str) -> None:
+        self._current.pop(key, None)  # its heap entry is skipped when it surfaces
+
+    def expired(self, horizon: float) -> list[str]:
+        """Remove and return every key last seen before ``horizon``, oldest first."""
+        heap, current, out = self._heap, self._current, []
+        while heap and heap[0][0] < horizon:
+            last_seen, key = heapq.heappop(heap)
+            if current.get(key) == last_seen:
+                del current[key]
+                out.append(key)
+        return out
+
+    def reset(self, items: Iterable[tuple[str, float]]) -> None:
+        self._current = dict(items)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._heap = [(last_seen, key) for key, last_seen in self._current.items()]
+        heapq.heapify(self._heap)
 
 
 # --- diff and minimal failing example --------------------------------------------------------
@@ -219,6 +274,9 @@ class BadCaseJoiner(Processor):
         # change is written back with ``state[key] = entry`` so the table sees it.
         self.state: MutableMapping[str, JoinEntry] = state if state is not None else {}
         self.expired_unjoined = 0
+        # request ids by last_seen, so expiry touches only what expires (see the module docstring)
+        self._expiry = ExpiryIndex()
+        self._full_scan_due: float | None = None  # event time of the next full scan (None: at the next watermark)
 
     @classmethod
     def from_settings(cls, settings: Settings, rules: ResponseRules | None = None) -> BadCaseJoiner:
@@ -245,6 +303,7 @@ class BadCaseJoiner(Processor):
             waiting, entry.waiting_feedback = entry.waiting_feedback, []
             cases = [case for fb in waiting if (case := self._join(entry, fb)) is not None]
             self.state[record.request_id] = entry  # write back: a changelogged table logs on set
+            self._expiry.touch(record.request_id, entry.last_seen)
             return cases
         if isinstance(record, Feedback):
             if not record.corrected_answer:
@@ -262,6 +321,7 @@ class BadCaseJoiner(Processor):
             else:
                 case = self._join(entry, record)
             self.state[record.request_id] = entry
+            self._expiry.touch(record.request_id, entry.last_seen)
             return [case] if case is not None else []
         return []
 
@@ -315,11 +375,19 @@ class BadCaseJoiner(Processor):
 
     def on_watermark(self, event_time: float) -> list[Event]:
         """Forget requests idle for ``ttl_s`` of event time (a feedback that never met its audit
-        is counted in ``expired_unjoined``)."""
+        is counted in ``expired_unjoined``). Only the expired entries are read (``ExpiryIndex``)."""
         horizon = event_time - self.ttl_s
-        stale = [rid for rid, entry in self.state.items() if entry.last_seen < horizon]
-        for rid in stale:
-            entry = self.state.pop(rid)
+        if len(self._expiry) != len(self.state) or self._full_scan_due is None or event_time >= self._full_scan_due:
+            self._expiry.reset((rid, entry.last_seen) for rid, entry in self.state.items())
+            self._full_scan_due = event_time + self.ttl_s
+        for rid in self._expiry.expired(horizon):
+            entry = self.state.get(rid)
+            if entry is None:  # gone with a revoked partition
+                continue
+            if entry.last_seen >= horizon:  # changed behind the index (recovered): keep it, at its time
+                self._expiry.touch(rid, entry.last_seen)
+                continue
+            del self.state[rid]
             self.expired_unjoined += len(entry.waiting_feedback)
         return []
 
@@ -327,6 +395,7 @@ class BadCaseJoiner(Processor):
 __all__ = [
     "REGRESSION_LABEL",
     "BadCaseJoiner",
+    "ExpiryIndex",
     "JoinEntry",
     "bad_case_confidence",
     "decode_entry",

@@ -26,7 +26,9 @@ webhooks answered by a stub HTTP server in this process. Derived records
 keep their source's ``emitted_at`` (``streams.base.derive``), and the Kafka timestamp of an alert
 or action is when the worker produced it, so per alert, lag = its append to the alerts topic
 (durable, where actions, circuit breakers and rollbacks read it) - emitted_at, and per action,
-its append to the actions topic (after its steps ran) - emitted_at.
+its append to the actions topic (after its steps ran) - emitted_at. With ``baseline_checkout``,
+each run also measures the phase with `entroloop actions` from that checkout (the worker from this
+one), so the action runner's before and after are side by side in the same runs.
 
 Each phase is repeated (``entroloop.benchmarks.repeats``): a figure is the median of the runs.
 """
@@ -56,6 +58,7 @@ from entroloop.benchmarks.report import Figure
 TARGET_P99_S = {2000: 1.0, 5000: 2.0}  # emit -> queryable, by request rate (issue 16)
 TARGET_ALERT_P99_S = 2.0
 ALERT_RATE = 2000
+BASELINE_PARTS = ("sink", "actions")  # what --baseline-checkout may run from the other checkout
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECTION = "lag"
 Progress = Callable[[str], None]
@@ -332,8 +335,10 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def measure_alerts(bootstrap: str, sample: list[list[Any]], rate: float, seconds: float, partitions: int,
-                   progress: Progress = lambda text: None, settle_s: float = 5.0) -> dict[str, Any]:
-    """One run: publisher -> Kafka -> `entroloop worker` + `entroloop actions`; alert and action lags."""
+                   progress: Progress = lambda text: None, settle_s: float = 5.0,
+                   actions_checkout: Path = REPO_ROOT) -> dict[str, Any]:
+    """One run: publisher -> Kafka -> `entroloop worker` + `entroloop actions` (the latter from
+    ``actions_checkout``); alert and action lags."""
     from entroloop.contract.records import Action, Alert
     from entroloop.infra.kafka_topics import ensure_topics
 
@@ -353,7 +358,7 @@ def measure_alerts(bootstrap: str, sample: list[list[Any]], rate: float, seconds
                                ENTROLOOP_ACTIONS_GATEWAY_URL=stub, ENTROLOOP_ACTIONS_VLLM_URL=stub)
             # `entroloop actions` logs nothing when its partitions arrive: its group tells
             workers.append(_Process([sys.executable, "-m", "entroloop.cli", "actions", "--log-level", "info",
-                                     "--session-timeout-s", "10"], actions_env, ready="\0never"))
+                                     "--session-timeout-s", "10"], actions_env, ready="\0never", cwd=actions_checkout))
             workers[0].wait_ready(180, "entroloop worker")
             _wait_for_group(bootstrap, f"{prefix}entroloop-actions", workers[1], 180)
             progress(f"publishing {int(rate * seconds):,} requests at {rate:,.0f}/s")
@@ -388,6 +393,7 @@ def measure_alerts(bootstrap: str, sample: list[list[Any]], rate: float, seconds
 # --- the whole benchmark ----------------------------------------------------------------------------
 def run(bootstrap: str, rates: tuple[float, ...] = (2000, 5000), seconds: float = 15, runs: int = 3,
         partitions: int = 6, batch_seconds: float = 0.5, alerts: bool = True, baseline_checkout: Path | None = None,
+        baseline_of: tuple[str, ...] = BASELINE_PARTS,
         sample_requests: int = 2000, seed: int = 7, progress: Progress = lambda text: None) -> dict[str, Any]:
     """Every phase, each repeated ``runs`` times; returns ``Repeated`` figures and the last run's details."""
     progress(f"generating a sample of {sample_requests:,} fleet requests")
@@ -402,7 +408,7 @@ def run(bootstrap: str, rates: tuple[float, ...] = (2000, 5000), seconds: float 
             n = next(count)
             tell = lambda text: progress(f"{rate:,.0f} req/s, run {n}/{runs}: {text}")
             out: dict[str, float] = {}
-            if baseline_checkout and rate == rates[0]:
+            if baseline_checkout and "sink" in baseline_of and rate == rates[0]:
                 before = measure_queryable(bootstrap, sample, rate, seconds, partitions, batch_seconds,
                                            checkout=baseline_checkout, progress=lambda t: tell(f"[sink at {baseline}] {t}"))
                 out.update({f"before_{k}": float(before[k]) for k in ("p50_s", "p99_s", "lost", "inserts_per_table_s")})
@@ -419,12 +425,20 @@ def run(bootstrap: str, rates: tuple[float, ...] = (2000, 5000), seconds: float 
 
         def alert_once() -> dict[str, float]:
             n = next(count)
-            out = measure_alerts(bootstrap, sample, ALERT_RATE, seconds, partitions,
-                                 progress=lambda t: progress(f"alerts at {ALERT_RATE:,} req/s, run {n}/{runs}: {t}"))
+            tell = lambda text: progress(f"alerts at {ALERT_RATE:,} req/s, run {n}/{runs}: {text}")
+            before: dict[str, float] = {}
+            if baseline_checkout and "actions" in baseline_of:
+                old = measure_alerts(bootstrap, sample, ALERT_RATE, seconds, partitions, actions_checkout=baseline_checkout,
+                                     progress=lambda t: tell(f"[actions at {baseline}] {t}"))
+                result["details"]["alerts_before"] = old
+                before = {f"before_{k}": float(old[k]) for k in ("alert_p99_s", "action_p50_s", "action_p99_s", "actions")}
+            out = measure_alerts(bootstrap, sample, ALERT_RATE, seconds, partitions, progress=tell)
+            if before:  # the ratio per run: both phases saw the same load
+                before["action_p99_before_over_after"] = before["before_action_p99_s"] / max(float(out["action_p99_s"]), 1e-9)
             result["details"]["alerts"] = out
             return {**{k: float(out[k]) for k in ("alert_p50_s", "alert_p99_s", "action_p50_s", "action_p99_s",
                                                   "alerts", "actions")},
-                    "alert_phase_requests_per_s": float(out["achieved_requests_per_s"])}
+                    "alert_phase_requests_per_s": float(out["achieved_requests_per_s"]), **before}
 
         result["alerts"] = repeat_many(alert_once, runs)
     result["baseline"] = baseline
@@ -475,7 +489,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
         ]
         out += [Figure.repeated(SECTION, f"{name} {at}", f[key], unit) for key, (name, unit) in STAGES.items() if key in f]
         if "before_p99_s" in f:
-            before = f"sink at {result['baseline']} (one batch per partition), same runs"
+            before = f"the sink from {result['baseline']}, same runs"
             out += [
                 Figure.repeated(SECTION, f"before: emit -> queryable lag p50 {at}", f["before_p50_s"], "s", note=before),
                 Figure.repeated(SECTION, f"before: emit -> queryable lag p99 {at}", f["before_p99_s"], "s", note=before),
@@ -494,8 +508,22 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             Figure.repeated(SECTION, f"emit -> alert in Kafka p50 {at}", alerts["alert_p50_s"], "s", note=note),
             Figure.repeated(SECTION, f"emit -> alert in Kafka p99 {at}", alerts["alert_p99_s"], "s",
                             target=f"<= {TARGET_ALERT_P99_S:g} s", met=bool(alerts["alert_p99_s"].median <= TARGET_ALERT_P99_S)),
-            Figure.repeated(SECTION, f"emit -> action executed p99 {at}", alerts["action_p99_s"], "s"),
+            Figure.repeated(SECTION, f"emit -> action executed p50 {at}", alerts["action_p50_s"], "s"),
+            Figure.repeated(SECTION, f"emit -> action executed p99 {at}", alerts["action_p99_s"], "s",
+                            target=f"<= {TARGET_ALERT_P99_S:g} s", met=bool(alerts["action_p99_s"].median <= TARGET_ALERT_P99_S),
+                            note="batches of what one poll fetched, webhooks on a bounded pool"),
         ]
+        if "before_action_p99_s" in alerts:
+            before = f"`entroloop actions` from {result['baseline']}, the worker from this checkout, same runs"
+            out += [
+                Figure.repeated(SECTION, f"before: emit -> action executed p50 {at}", alerts["before_action_p50_s"], "s",
+                                note=before),
+                Figure.repeated(SECTION, f"before: emit -> action executed p99 {at}", alerts["before_action_p99_s"], "s",
+                                note=before),
+                Figure.repeated(SECTION, f"before: emit -> alert in Kafka p99 {at}", alerts["before_alert_p99_s"], "s"),
+                Figure.repeated(SECTION, f"emit -> action executed p99, before / after, {at}",
+                                alerts["action_p99_before_over_after"], "×", note="ratio taken per run"),
+            ]
     return out
 
 

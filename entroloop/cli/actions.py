@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated, Any
 
 import typer
@@ -14,6 +15,7 @@ from entroloop.cli.distributed import Broker, TopicPrefix, distributed_settings
 console = Console(stderr=True)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+RECONNECT_AFTER_S = 5.0
 
 
 def _case_bundle_query(settings: Any) -> Any:
@@ -28,14 +30,19 @@ def _case_bundle_query(settings: Any) -> Any:
                       "per folder, so point ENTROLOOP_CLICKHOUSE_DSN at a ClickHouse server when a sink runs too[/yellow]",
                       soft_wrap=True)
     client: list[Any] = []
+    connected_at = [0.0]
 
     def query(sql: str) -> list[dict[str, Any]]:
         if not client:
             client.append(connect(dsn, password))
+            connected_at[0] = time.monotonic()
         try:
             return client_query(client[0])(sql)
         except Exception:
-            client.clear()  # reconnect next time
+            # reconnect next time, unless the connection is fresh: then the query failed, not the
+            # connection (a table not there yet), and connecting again per alert would cost more than the query
+            if time.monotonic() - connected_at[0] > RECONNECT_AFTER_S:
+                client.clear()
             raise
 
     return query
@@ -47,6 +54,9 @@ def actions(
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Handle the alerts there are, then exit.")] = False,
     session_timeout_s: Annotated[float, typer.Option(
         min=6, help="Kafka session timeout: how soon a dead runner's partitions move to another.")] = 30.0,
+    concurrency: Annotated[int, typer.Option(
+        min=1, help="Runbook executions of one batch of alerts whose steps (webhooks) run at once; those of one "
+                    "runbook on one target stay in order.")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="End with the final counters as one JSON line.")] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="Log level: critical, error, warning, info, debug.")] = "warning",
 ) -> None:
@@ -54,7 +64,8 @@ def actions(
     key (webhooks to the gateway admin API, case bundles, retrain requests) and publish an Action
     record per step to the actions topic.
 
-    Its own process, so a slow webhook never holds up the stream worker. At least once: records are
+    Its own process, so a slow webhook never holds up the stream worker. Alerts are handled in batches
+    of what one poll fetched (state writes, deliveries and commits shared). At least once: records are
     delivered before an alert's offset is committed, and executions are remembered in
     ENTROLOOP_ACTIONS_STATE_PATH so a redelivered alert never calls a webhook twice. Runbooks come from
     ENTROLOOP_ACTIONS_RUNBOOKS_DIR (default: the packaged ones); ENTROLOOP_ACTIONS_DRY_RUN=false acts for real.
@@ -85,7 +96,7 @@ def actions(
         console.print(f"[red]actions: Kafka broker {settings.kafka_bootstrap} does not answer ({problem}).[/red] "
                       "Check --broker / ENTROLOOP_KAFKA_BOOTSTRAP.", soft_wrap=True)
         raise typer.Exit(2)
-    runner = ActionRunner.from_settings(settings, query=_case_bundle_query(settings), outbox=True)
+    runner = ActionRunner.from_settings(settings, query=_case_bundle_query(settings), outbox=True, concurrency=concurrency)
     # subscribing to a topic that does not exist yet would wait for a metadata refresh (minutes)
     ensure_topics(settings.kafka_bootstrap, settings.topic_prefix, settings.partitions,
                   topics=[TOPIC_BY_TYPE[t] for t in (Alert, Action, RetrainRequest, DeadLetter)])
@@ -108,6 +119,7 @@ def actions(
                       f"({runner.state.path}) for the next start.[/red]", soft_wrap=True)
         raise typer.Exit(1) from None
     finally:
+        runner.close()
         runner.state.close()
     if as_json:
         print_json(stats)

@@ -24,7 +24,8 @@ def lag(
     partitions: Annotated[int, typer.Option(min=1, help="Partitions per topic.")] = 6,
     batch_seconds: Annotated[float, typer.Option(min=0.01, help="The sink's batch time bound (ENTROLOOP_SINK_BATCH_SECONDS; the oldest row of a batch waits that long, so p99 cannot be lower). 0.5 s: about two inserts per table per second.")] = 0.5,
     alerts: Annotated[bool, typer.Option("--alerts/--no-alerts", help="Also measure emit -> alert and -> action through `entroloop worker` and `entroloop actions`.")] = True,
-    baseline_checkout: Annotated[Path | None, typer.Option(help="Also run the sink from this checkout (e.g. a worktree of the previous commit) at the first rate, in the same runs: before/after side by side.")] = None,
+    baseline_checkout: Annotated[Path | None, typer.Option(help="Also run the sink (at the first rate) and `entroloop actions` (in the alert phase) from this checkout (e.g. a worktree of the previous commit), in the same runs: before/after side by side.")] = None,
+    baseline_of: Annotated[str, typer.Option(help="Which parts --baseline-checkout runs from that checkout, comma-separated: sink, actions.")] = "sink,actions",
     out: Annotated[Path, typer.Option("--out", help="The Markdown report to update.")] = Path("BENCHMARKS.md"),
     as_json: Annotated[bool, typer.Option("--json", help="End with the medians as one JSON line.")] = False,
 ) -> None:
@@ -41,6 +42,9 @@ def lag(
         raise typer.BadParameter(f"--rates {rates!r}: give numbers separated by commas, e.g. 2000,5000") from None
     if not rate_list or min(rate_list) <= 0:
         raise typer.BadParameter("--rates: give at least one positive request rate, e.g. 2000,5000")
+    parts = tuple(p.strip() for p in baseline_of.split(",") if p.strip())
+    if not parts or set(parts) - set(bench.BASELINE_PARTS):
+        raise typer.BadParameter(f"--baseline-of {baseline_of!r}: give one or more of {', '.join(bench.BASELINE_PARTS)}")
     if baseline_checkout is not None and (problem := bench.checkout_problem(baseline_checkout)):
         raise typer.BadParameter(f"--baseline-checkout: {problem}")
     bootstrap = broker_address(broker) if broker else load_settings().kafka_bootstrap
@@ -54,6 +58,7 @@ def lag(
     with console.status("lag benchmark") as status:
         result = bench.run(bootstrap, rates=rate_list, seconds=seconds, runs=runs, partitions=partitions,
                            batch_seconds=batch_seconds, alerts=alerts, baseline_checkout=baseline_checkout,
+                           baseline_of=parts,
                            progress=lambda text: status.update(f"bench lag: {text}"))
     figures = bench.figures(result)
     table = Table("figure", "median", "unit", "runs (spread)", "load")

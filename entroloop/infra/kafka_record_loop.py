@@ -1,17 +1,21 @@
-"""One record at a time from a Kafka topic, at least once: decode, handle, then commit.
+"""Records from a Kafka topic, at least once: decode, handle, then commit.
 
 For components whose work per record is I/O with effects of their own (webhooks, job claims), not
-a batch insert (the sinks have their own batched loop in ``sinks/kafka_sink.py``). Per message of
-``topic`` (consumer group ``group_id``, manual commits, ``kafka_consumer_config``):
+a batch insert (the sinks have their own batched loop in ``sinks/kafka_sink.py``). Per poll of
+``topic`` (consumer group ``group_id``, manual commits, ``kafka_consumer_config``) the loop takes
+the first message and whatever else has already been fetched, up to ``max_batch`` (never waiting
+for more: a batch adds no latency, it only shares the per-poll costs when records queue up):
 
-1. decode with ``entroloop.contract.codec``; bytes that are not a record of the ``accepts`` type
-   become a ``DeadLetter`` with the reason on the dead-letter topic (delivered, then the offset is
-   committed: a poison record is kept and skipped, never fatal, never retried forever);
-2. ``handle(record)``: the caller makes its effect durable before returning (an exception stops
-   the loop without a commit: the record is read again after a restart);
-3. commit ``offset + 1`` synchronously (``entroloop.infra.metrics`` counts records in, dead
-   letters and the last commit per ``component``). A commit lost to a rebalance means the next owner reads
-   the record again: ``handle`` must be idempotent (the action runner's ``ActionState`` is).
+1. decode each with ``entroloop.contract.codec``; bytes that are not a record of the ``accepts`` type
+   become a ``DeadLetter`` with the reason on the dead-letter topic (delivered before the commit: a
+   poison record is kept and skipped, never fatal, never retried forever);
+2. ``handle_batch(records)`` (or ``handle(record)`` for each): the caller makes its effects durable
+   before returning (an exception stops the loop without a commit: the batch is read again after a
+   restart);
+3. commit ``offset + 1`` of the batch's last message per partition, synchronously, in one request
+   (``entroloop.infra.metrics`` counts records in, dead letters and the last commit per
+   ``component``). A commit lost to a rebalance means the next owner reads the records again: the
+   handler must be idempotent (the action runner's ``ActionState`` is).
 
 ``DeliveringProducer`` is the producer for outputs and dead letters: ``deliver`` returns only once
 the broker acknowledged every record (acks=all, idempotent producer), so a caller can commit after it.
@@ -94,7 +98,9 @@ class LoopStats:
     handled: int = 0
     dead_letters: int = 0
     commits: int = 0
+    committed: int = 0
     commit_failures: int = 0
+    batches: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,8 +109,9 @@ class LoopStats:
 class RecordConsumer:
     """Consume ``topic`` one record at a time into ``handle`` (see the module docstring)."""
 
-    def __init__(self, settings: Any, *, topic: str, accepts: type[Event], handle: Callable[[Event], None],
-                 group_id: str, client_id: str, producer: DeliveringProducer, component: str,
+    def __init__(self, settings: Any, *, topic: str, accepts: type[Event], group_id: str, client_id: str,
+                 producer: DeliveringProducer, component: str, handle: Callable[[Event], None] | None = None,
+                 handle_batch: Callable[[list[Event]], None] | None = None, max_batch: int = 500,
                  session_timeout_s: float = 30.0, consumer_config: dict[str, Any] | None = None) -> None:
         from confluent_kafka import Consumer
 
@@ -113,7 +120,11 @@ class RecordConsumer:
         self.kafka_topic = settings.topic_prefix + topic
         self.dead_letter_topic = settings.topic_prefix + DeadLetter.topic
         self.accepts = accepts
+        if (handle is None) == (handle_batch is None):
+            raise ValueError("give exactly one of handle (per record) and handle_batch")
         self.handle = handle
+        self.handle_batch = handle_batch
+        self.max_batch = max(1, max_batch)
         self.producer = producer
         self.component = component
         self.group_id = group_id
@@ -141,7 +152,8 @@ class RecordConsumer:
             while not self._stop.is_set():
                 message = self.consumer.poll(poll_s)
                 if message is not None:
-                    self._take(message)
+                    more = self.consumer.consume(self.max_batch - 1, 0) if self.max_batch > 1 else []
+                    self._take([message, *more])
                 elif until_idle and (self._drained() or (max_wait_s is not None and not self._assigned
                                                          and time.monotonic() - started > max_wait_s)):
                     break
@@ -160,49 +172,65 @@ class RecordConsumer:
     def _drained(self) -> bool:
         return bool(self._assigned) and self._assigned <= self._eof
 
-    def _take(self, message: Any) -> None:
+    def _take(self, messages: list[Any]) -> None:
         from confluent_kafka import KafkaError
 
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                self._eof.add(message.partition())
+        records: list[Event] = []
+        dead: list[tuple[str, str, bytes]] = []
+        last: dict[tuple[str, int], int] = {}  # (topic, partition) -> the batch's last offset there
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self._eof.add(message.partition())
+                else:
+                    log.warning("%s consumer: %s", self.component, error)
+                continue
+            self._eof.discard(message.partition())
+            last[(message.topic(), message.partition())] = message.offset()
+            self.stats.messages += 1
+            EVENTS_IN.labels(self.component, self.topic).inc()
+            value = message.value() or b""
+            try:
+                record = decode(value, self.settings.max_record_bytes)
+                if not isinstance(record, self.accepts):
+                    err = CodecError(f"a {type(record).__name__} record on topic {self.topic}")
+                    err.error_type = "wrong_topic"
+                    raise err
+            except CodecError as err:
+                letter = self._dead_letter(message, value, err)
+                dead.append((self.dead_letter_topic, letter.request_id, encode(letter)))
+                log.warning("%s consumer: offset %d of %s dead-lettered: %s", self.component, message.offset(),
+                            self.kafka_topic, err.reason)
             else:
-                log.warning("%s consumer: %s", self.component, error)
-            return
-        self._eof.discard(message.partition())
-        self.stats.messages += 1
-        EVENTS_IN.labels(self.component, self.topic).inc()
-        value = message.value() or b""
-        try:
-            record = decode(value, self.settings.max_record_bytes)
-            if not isinstance(record, self.accepts):
-                err = CodecError(f"a {type(record).__name__} record on topic {self.topic}")
-                err.error_type = "wrong_topic"
-                raise err
-        except CodecError as err:
-            dead = self._dead_letter(message, value, err)
-            self.producer.deliver([(self.dead_letter_topic, dead.request_id, encode(dead))])
-            self.stats.dead_letters += 1
-            DEAD_LETTERS.labels(self.component, self.topic).inc()
-            log.warning("%s consumer: offset %d of %s dead-lettered: %s", self.component, message.offset(),
-                        self.kafka_topic, err.reason)
-        else:
-            self.handle(record)
-            self.stats.handled += 1
-        self._commit(message)
+                records.append(record)
+        if dead:
+            self.producer.deliver(dead)
+            self.stats.dead_letters += len(dead)
+            DEAD_LETTERS.labels(self.component, self.topic).inc(len(dead))
+        if records:
+            if self.handle_batch is not None:
+                self.handle_batch(records)
+            else:
+                for record in records:
+                    self.handle(record)  # type: ignore[misc]
+            self.stats.handled += len(records)
+        if last:
+            self.stats.batches += 1
+            self._commit(last, len(records) + len(dead))
 
-    def _commit(self, message: Any) -> None:
+    def _commit(self, last: dict[tuple[str, int], int], count: int) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
         try:
-            self.consumer.commit(offsets=[TopicPartition(message.topic(), message.partition(), message.offset() + 1)],
-                                 asynchronous=False)
+            self.consumer.commit(offsets=[TopicPartition(topic, partition, offset + 1)
+                                          for (topic, partition), offset in last.items()], asynchronous=False)
             self.stats.commits += 1
+            self.stats.committed += count
             mark_commit(self.component)
-        except KafkaException as exc:  # a rebalance: the next owner re-reads it; handle() is idempotent
+        except KafkaException as exc:  # a rebalance: the next owner re-reads them; the handler is idempotent
             self.stats.commit_failures += 1
-            log.warning("%s consumer: commit of offset %d failed: %s", self.component, message.offset() + 1, exc)
+            log.warning("%s consumer: commit of %d record(s) failed: %s", self.component, count, exc)
 
     def _dead_letter(self, message: Any, value: bytes, err: CodecError) -> DeadLetter:
         """Same id derivation as the sinks' and the trainer's: a redelivery repeats the id."""

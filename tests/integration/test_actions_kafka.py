@@ -1,14 +1,18 @@
 """`entroloop actions` against the real broker and a real local webhook receiver, with the packaged
 runbooks: alerts published -> webhooks called -> Action records on the actions topic; a poison
 record goes to the dead-letter topic; a restart calls no webhook twice; records a crash kept from
-Kafka (finished in the state, not yet delivered) are delivered at the next start."""
+Kafka (finished in the state, not yet delivered) are delivered at the next start; a burst killed
+(SIGKILL) in the middle of its batch loses no action and repeats none."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -83,7 +87,7 @@ def test_alerts_call_webhooks_once_and_publish_actions(kafka_bootstrap, topic_pr
     stats = run_actions(actions_env)
 
     assert (stats["messages"], stats["handled"], stats["dead_letters"]) == (6, 5, 1), stats
-    assert stats["commits"] == 6 and stats["published"] == {Action.topic: 3}, stats
+    assert stats["committed"] == 6 and stats["published"] == {Action.topic: 3}, stats
     assert stats["outcomes"]["ok"] == 3 and stats["outcomes"]["duplicates"] == 1, stats
     assert sorted(receiver.paths()) == [f"/admin/routes/route-{n}/tier" for n in range(3)]
     assert all(r.body["tier"] == "fallback" for r in receiver.requests)
@@ -121,3 +125,57 @@ def test_records_a_crash_kept_from_kafka_are_delivered_at_the_next_start(kafka_b
     assert len(receiver.requests) == 1  # the webhook was not called again
     actions = [r for r in consume_all(kafka_bootstrap, [topic_prefix + Action.topic], 1) if isinstance(r, Action)]
     assert [a.event_id for a in actions] == [produced[0].event_id]
+
+
+BURST_RUNBOOK = """
+name: fallback-burst
+version: 1
+match: {rules: [fallback_circuit_breaker]}
+steps:
+  - kind: switch_fallback
+"""
+
+
+def test_a_burst_killed_mid_batch_loses_no_action_and_repeats_none(kafka_bootstrap, topic_prefix, actions_env,
+                                                                     receiver, tmp_path):
+    """40 findings, 20 of them alerted twice, to a slow gateway (no rate limit: every finding acts).
+    SIGKILL once a few webhooks were answered, i.e. in the middle of the batch: executions finished
+    (records in the outbox, nothing delivered or committed), one running, the rest not started.
+    After a restart: one Action per finding, each finding's webhook applied under one
+    Idempotency-Key, and no finished execution called again."""
+    runbooks = tmp_path / "runbooks"
+    runbooks.mkdir()
+    (runbooks / "burst.yaml").write_text(BURST_RUNBOOK)
+    env = {**actions_env, "ENTROLOOP_ACTIONS_RUNBOOKS_DIR": str(runbooks)}
+    burst = [alert(n, key=f"fallback_circuit_breaker:finding-{n % 40}") for n in range(60)]
+    produce(kafka_bootstrap, topic_prefix, [(a.request_id, codec.encode(a)) for a in burst])
+    receiver.delay_s = 0.1  # a slow gateway: the batch takes a while
+
+    proc = subprocess.Popen([sys.executable, "-m", "entroloop.cli", "actions", "--concurrency", "2"], cwd=REPO_ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(receiver.requests) < 8 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None and len(receiver.requests) >= 8, proc.stderr.read() if proc.poll() is not None else ""
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    called_before = Counter(r.headers["Idempotency-Key"] for r in receiver.requests)
+    assert len(called_before) < 40  # killed mid-batch, not after it
+
+    stats = run_actions(env)
+
+    assert stats["resent_at_start"] > 0, stats  # executions the kill caught finished but undelivered
+    actions = [r for r in consume_all(kafka_bootstrap, [topic_prefix + Action.topic], 40) if isinstance(r, Action)]
+    by_id = {a.event_id: a for a in actions}
+    assert sorted(a.alert_key for a in by_id.values()) == sorted({a.alert_key for a in burst})  # one each, none lost
+    assert {a.outcome for a in by_id.values()} == {"ok"}
+    called = Counter(r.headers["Idempotency-Key"] for r in receiver.requests)
+    assert set(called) == {a.action_id for a in by_id.values()}  # every finding acted, under its action id
+    # A finding is called twice only if the kill caught its execution running (same Idempotency-Key,
+    # which the gateway answers from memory); at concurrency 2, at most 2 were.
+    repeated = {key for key, n in called.items() if n > 1}
+    assert all(called[key] == 2 for key in repeated) and len(repeated) <= 2, called
+    assert repeated <= set(called_before)

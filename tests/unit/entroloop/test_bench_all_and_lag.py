@@ -136,3 +136,26 @@ def test_bench_lag_refuses_bad_rates_and_a_baseline_that_is_no_checkout(tmp_path
     result = CliRunner().invoke(app, ["bench", "lag", "--baseline-checkout", str(tmp_path), "--out", str(tmp_path / "B.md")])
     text = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
     assert result.exit_code != 0 and "not an entroloop checkout" in text
+    result = CliRunner().invoke(app, ["bench", "lag", "--baseline-of", "gateway", "--out", str(tmp_path / "B.md")])
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code != 0 and "sink, actions" in text
+
+
+def test_lag_figures_put_the_action_runner_before_and_after_side_by_side() -> None:
+    alerts = {"alert_p50_s": _repeated(0.3, 0.3, 0.4), "alert_p99_s": _repeated(0.7, 0.8, 0.9),
+              "action_p50_s": _repeated(0.4, 0.5, 0.5), "action_p99_s": _repeated(1.0, 1.2, 2.5),
+              "alerts": _repeated(10, 11, 12), "actions": _repeated(5, 6, 7),
+              "before_action_p50_s": _repeated(7.0, 8.0, 9.0), "before_action_p99_s": _repeated(15.0, 16.0, 18.0),
+              "before_alert_p99_s": _repeated(0.7, 0.9, 1.0), "before_actions": _repeated(5, 6, 7),
+              "action_p99_before_over_after": _repeated(15.0, 13.3, 7.2)}
+    result = {"runs": 3, "seconds": 15, "partitions": 6, "batch_seconds": 0.5, "baseline": "abc1234",
+              "queryable": {}, "alerts": alerts, "details": {}}
+    figures = {f.name: f for f in lag.figures(result)}
+    after = figures["emit -> action executed p99 at 2,000 req/s"]
+    assert (after.value, after.met, after.spread) == (1.2, True, "1–2.5")
+    before = figures["before: emit -> action executed p99 at 2,000 req/s"]
+    assert before.value == 16.0 and "abc1234" in before.note
+    assert figures["emit -> action executed p99, before / after, at 2,000 req/s"].value == 13.3
+    no_baseline = {f.name for f in lag.figures({**result, "alerts": {k: v for k, v in alerts.items()
+                                                                       if not k.startswith(("before_", "action_p99_before"))}})}
+    assert not any(name.startswith("before:") or "before / after" in name for name in no_baseline)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +23,9 @@ class WebhookReceiver:
         self.requests: list[Received] = []
         self.scripts: dict[str, list[int]] = defaultdict(list)  # path -> statuses to answer, in order
         self.always: dict[str, int] = {}  # path -> status answered every time
+        self.delay_s = 0.0  # how long each answer takes (a slow gateway), after the request is recorded
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most requests answered at the same time
         self._lock = threading.Lock()
         receiver = self
 
@@ -33,6 +37,13 @@ class WebhookReceiver:
                     receiver.requests.append(Received(self.path, body, dict(self.headers.items())))
                     script = receiver.scripts.get(self.path)
                     status = script.pop(0) if script else receiver.always.get(self.path, 200)
+                    receiver.in_flight += 1
+                    receiver.max_in_flight = max(receiver.max_in_flight, receiver.in_flight)
+                try:
+                    time.sleep(receiver.delay_s)
+                finally:
+                    with receiver._lock:
+                        receiver.in_flight -= 1
                 payload = json.dumps({"ok": status < 400}).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
