@@ -14,7 +14,7 @@ COPY sinks ./sinks
 COPY training ./training
 # The runbooks ship inside the package (streams/actions/builtin_runbooks): the build fails if they did not.
 RUN pip install --no-cache-dir ".[store,${EXTRAS}]" && mkdir -p /var/lib/entroloop && chown nobody /var/lib/entroloop \
-    && cd / && python -c "from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR as d, load_runbooks; load_runbooks(d)"
+    && cd / && python -c "from entroloop.streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR as d, load_runbooks; load_runbooks(d)"
 USER nobody
 ENTRYPOINT ["entroloop"]
 CMD ["--help"]

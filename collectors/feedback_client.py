@@ -1,7 +1,7 @@
 """A small client for the gateway's feedback API (``POST /v1/feedback``).
 
 ```python
-from collectors.feedback_client import FeedbackClient
+from entroloop.collectors.feedback_client import FeedbackClient
 
 client = FeedbackClient("http://node:8080", api_key="...")
 answer = client.send(request_id, rating=-5, correction="Paris is the capital of France.")

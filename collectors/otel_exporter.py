@@ -171,7 +171,7 @@ class SpanRecordExporter(SpanExporter):
         if self._publish is None:
             with self._lock:
                 if self._publish is None:
-                    from collectors.vllm.emit import resolve_sink
+                    from entroloop.collectors.vllm.emit import resolve_sink
 
                     self._publish = resolve_sink("publisher", self._settings or load_settings())
         return self._publish

@@ -5,7 +5,7 @@ lock, no encoding, no I/O). A daemon thread encodes the queued records and hands
 confluent-kafka (librdkafka) producer with ``acks=all``, idempotence, compression and batching.
 
 When the broker is unreachable (all brokers down, or deliveries failing / timing out), records go
-to a local append-only spool file (``collectors.spool``) and are replayed in order once a metadata
+to a local append-only spool file (``entroloop.collectors.spool``) and are replayed in order once a metadata
 probe reaches the broker again. While the spool holds anything, new records are appended behind it,
 and records librdkafka held unsent when the outage began are purged back into the spool first, so
 replay keeps each key's publish order (records already in flight when the broker vanished are
@@ -43,7 +43,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from collectors.spool import FsyncPolicy, Spool, SpoolFull, SpoolLocked, orphan_spools
+from entroloop.collectors.spool import FsyncPolicy, Spool, SpoolFull, SpoolLocked, orphan_spools
 from entroloop.contract import codec
 from entroloop.contract.records import Event
 from entroloop.contract.settings import Settings

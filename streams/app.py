@@ -11,7 +11,7 @@ Delivery is at-least-once (``processing_guarantee="at_least_once"``; Faust's exa
 open loss and duplication bugs, see DESIGN.md). An input offset is acknowledged only after the
 processor ran and its outputs were handed to the producer, and Faust flushes the producer before
 every offset commit, so a crash re-processes instead of losing; derived records carry
-deterministic ids (``streams.base.derive``), so the sinks absorb the repeats.
+deterministic ids (``entroloop.streams.base.derive``), so the sinks absorb the repeats.
 
 Guard against faust-streaming issue 606: with ``concurrency > 1`` Faust can commit an offset past
 an event that is still being processed (``Consumer._new_offset`` treats a one-offset hole at the
@@ -19,15 +19,15 @@ committed head as a compaction gap), and a crash then loses that event. Each age
 exactly one actor, which processes its topic's events in offset order per partition, so an event
 is never acknowledged before an earlier one of the same partition. ``build_streams_app`` refuses
 ``concurrency != 1`` unless the caller explicitly accepts it (only a test does). The strict commit
-of ``streams.faust_offsets`` now closes that loss as well; one actor stays the rule because the
+of ``entroloop.streams.faust_offsets`` now closes that loss as well; one actor stays the rule because the
 processors rely on per-partition order (chunk carry, bad-case join). Scale with partitions and
 more worker processes instead.
 
-Faust's offset bookkeeping is guarded for the input topics (``streams.faust_offsets``): after a
+Faust's offset bookkeeping is guarded for the input topics (``entroloop.streams.faust_offsets``): after a
 rebalance its fetch loop could take stale prefetched records for a compaction gap and commit past
 records no processor saw; guarded, a record may be processed twice but is never skipped.
 
-Durable state: a processor that declares ``table_state`` (``streams.table_state.TableStateSpec``;
+Durable state: a processor that declares ``table_state`` (``entroloop.streams.table_state.TableStateSpec``;
 the bad-case join does) gets a Faust table with a compacted changelog as its ``state``, co-
 partitioned with its input topics (all keyed by ``request_id``, same partition count), so a
 restarted worker recovers the state from the broker. Its writes are buffered on the executor
@@ -69,10 +69,10 @@ from entroloop.contract.records import DeadLetter, Event, Health
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
 from entroloop.infra.metrics import CONSUMER_LAG, DEAD_LETTERS, EVENTS_IN, EVENTS_OUT, LAST_COMMIT
-from streams.base import Processor
-from streams.faust_drain import install_eager_drain
-from streams.faust_offsets import guard_consumer_offsets
-from streams.table_state import TableState, TableStateSpec
+from entroloop.streams.base import Processor
+from entroloop.streams.faust_drain import install_eager_drain
+from entroloop.streams.faust_offsets import guard_consumer_offsets
+from entroloop.streams.table_state import TableState, TableStateSpec
 
 log = logging.getLogger(__name__)
 
@@ -274,10 +274,10 @@ class StreamsApp:
         self.input_topics = sorted({TOPIC_BY_TYPE[t].name for t in self._routes})
         for name in self.input_topics:
             self._add_agent(name)
-        # Faust's rebalance race can commit past records never processed (streams.faust_offsets).
+        # Faust's rebalance race can commit past records never processed (entroloop.streams.faust_offsets).
         self._guarded_topics = frozenset(config.topic_prefix + name for name in self.input_topics)
         guard_consumer_offsets(self.app.consumer, self._guarded_topics)
-        install_eager_drain(self.app.consumer)  # no four tasks per fetched record (streams.faust_drain)
+        install_eager_drain(self.app.consumer)  # no four tasks per fetched record (entroloop.streams.faust_drain)
         self.app.timer(config.health_interval_s)(self._publish_health)
 
     # --- wiring --------------------------------------------------------------------------------
@@ -504,7 +504,7 @@ class StreamsApp:
     def ensure_topics(self) -> list[str]:
         """Create every v1 topic (with the prefix) that does not exist yet."""
         from entroloop.infra.kafka_topics import ensure_topics
-        from streams.changelog_topics import ensure_changelog_topics
+        from entroloop.streams.changelog_topics import ensure_changelog_topics
 
         created = ensure_topics(self.config.bootstrap, self.config.topic_prefix, self.config.partitions)
         changelogs = [state.table.changelog_topic.get_topic_name() for state in self.table_states.values()]
@@ -536,7 +536,7 @@ def build_streams_app(
 ) -> StreamsApp:
     """The worker's app from settings; processors default to streams.defaults (the same list as the embedded runner)."""
     if processors is None:
-        from streams.defaults import (
+        from entroloop.streams.defaults import (
             default_processors,  # every processor module: only when asked
         )
 

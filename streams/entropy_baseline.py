@@ -24,7 +24,7 @@ import numpy as np
 
 from entroloop.contract.records import Alert, Event, TokenEntropy
 from entroloop.contract.settings import Settings
-from streams.base import Processor, derive
+from entroloop.streams.base import Processor, derive
 
 RULE = "entropy_baseline_shift"
 

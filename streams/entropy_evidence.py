@@ -28,8 +28,8 @@ import numpy as np
 
 from entroloop.contract.records import Alert, Event
 from entroloop.contract.settings import Settings
-from streams.entropy_bands import EntropyBands, sustained
-from streams.periodicity import (
+from entroloop.streams.entropy_bands import EntropyBands, sustained
+from entroloop.streams.periodicity import (
     Stretch,
     autocorrelation,
     find_entropy_period,
@@ -37,7 +37,7 @@ from streams.periodicity import (
 )
 
 LOOP_RULE = "repetition_loop"
-"""streams.entropy_anomaly.LOOP (not imported from there: that module imports this one)."""
+"""entroloop.streams.entropy_anomaly.LOOP (not imported from there: that module imports this one)."""
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from collections.abc import Iterable
 
 from entroloop.contract.records import Alert, Audit, Event, Fallback, Health
 from entroloop.contract.settings import Settings
-from streams.base import Processor, derive
-from streams.windowing import synthesize, window_start
+from entroloop.streams.base import Processor, derive
+from entroloop.streams.windowing import synthesize, window_start
 
 MINUTE = 60.0
 HOP_WINDOW_MINUTES = 5

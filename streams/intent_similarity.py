@@ -16,7 +16,7 @@ The cascade (``cascade=True``): a lexical first stage, cheap (tens of thousands 
 the pairs outside its margins and only the rest are embedded; ``StageCounts`` keeps each stage's
 pairs and seconds for `entroloop bench detectors` and `entroloop eval intent`.
 
-The real embedders live in ``streams.embedders`` and import their libraries lazily, so this module
+The real embedders live in ``entroloop.streams.embedders`` and import their libraries lazily, so this module
 (and the scorer with a test embedder) works in the light ``.venv``.
 """
 
@@ -37,8 +37,8 @@ import numpy as np
 from entroloop.contract.prompts import intent_query
 from entroloop.contract.records import Audit, Event, Fallback, IntentScore
 from entroloop.contract.settings import Settings
-from streams.base import Processor, derive
-from streams.embedders import (  # re-exported: the embedders used to live here
+from entroloop.streams.base import Processor, derive
+from entroloop.streams.embedders import (  # re-exported: the embedders used to live here
     Embedder,
     OnnxEmbedder,
     SentenceTransformerEmbedder,

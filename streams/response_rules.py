@@ -13,9 +13,9 @@ from collections.abc import Iterable
 
 from entroloop.contract.records import Alert, Audit, Event, Health
 from entroloop.contract.settings import Settings
-from streams.base import Processor, derive
-from streams.rules import COMPLIANCE, ResponseRules
-from streams.windowing import synthesize, window_start
+from entroloop.streams.base import Processor, derive
+from entroloop.streams.rules import COMPLIANCE, ResponseRules
+from entroloop.streams.windowing import synthesize, window_start
 
 
 class ResponseRuleChecker(Processor):

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from entroloop.contract.records import Audit, BadCase, Event, RetrainRequest
 from entroloop.contract.settings import Settings
-from streams.base import Processor
-from streams.windowing import synthesize, window_start
+from entroloop.streams.base import Processor
+from entroloop.streams.windowing import synthesize, window_start
 
 NOT_CATEGORIES = frozenset({"regression"})
 

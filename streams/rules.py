@@ -364,9 +364,9 @@ class ResponseRules:
     def compare(self, response: str, correction: str, route: str = "default") -> list[str]:
         """Labels explaining what the correction changed, in ``LABELS`` order; [] if none applies.
 
-        The vocabulary and its rules live in ``streams.correction_labels``."""
+        The vocabulary and its rules live in ``entroloop.streams.correction_labels``."""
         # Imported here: correction_labels builds on this module.
-        from streams.correction_labels import label_correction
+        from entroloop.streams.correction_labels import label_correction
 
         return label_correction(response, correction, self.lexicon, self.json_schemas.get(route))
 

@@ -1,7 +1,7 @@
 """A processor's durable state: a ``MutableMapping`` over a Faust table whose values are raw bytes.
 
 A processor that declares ``table_state = TableStateSpec(name, encode, decode)`` gets, from the
-Faust adapter (``streams.app``), a ``TableState`` as its ``state`` instead of a plain dict. The
+Faust adapter (``entroloop.streams.app``), a ``TableState`` as its ``state`` instead of a plain dict. The
 table has a compacted changelog topic, so a restarted worker recovers the state from the broker.
 
 Why the writes are buffered: processors run on an executor thread, but a Faust table can only be

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import Event
-from streams.base import SEQ_FANOUT
+from entroloop.streams.base import SEQ_FANOUT
 
 E = TypeVar("E", bound=Event)
 

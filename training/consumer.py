@@ -19,7 +19,7 @@ durable) while the worker trains; the job folders, not the consumer's memory, ar
 On start, jobs that a dead process left unfinished (``JobStore.resumable``: lock free, state not
 terminal) are queued first, so a trainer killed mid-training resumes from its checkpoint.
 
-Dead letters and action records go through the node publisher (``collectors.publisher``): it never
+Dead letters and action records go through the node publisher (``entroloop.collectors.publisher``): it never
 blocks, spools to disk while the broker is away, and is flushed before an offset past a dead letter
 is committed.
 """
@@ -38,7 +38,7 @@ from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event, RetrainRequest
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
 from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, mark_commit
-from training.jobs import Job, JobBusy, JobRunner
+from entroloop.training.jobs import Job, JobBusy, JobRunner
 
 log = logging.getLogger("entroloop.training.consumer")
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.dataset import Example, TrainingData, normalize_text
+from entroloop.training.dataset import Example, TrainingData, normalize_text
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def pass_rate(model: Any, tokenizer: Any, suite: Sequence[Example], extra_tokens
     """Share of ``suite`` whose greedy answer matches the correction."""
     import torch
 
-    from training.modeling import completion_ids, prompt_ids
+    from entroloop.training.modeling import completion_ids, prompt_ids
 
     if not suite:
         return 0.0
@@ -136,7 +136,7 @@ class RegressionGate:
     def _model(self, adapter_dir: Path | None) -> Any:
         from peft import PeftModel
 
-        from training.modeling import load_base_model
+        from entroloop.training.modeling import load_base_model
 
         base = load_base_model(self.base_model)
         if adapter_dir is None:
@@ -144,7 +144,7 @@ class RegressionGate:
         return PeftModel.from_pretrained(base, str(adapter_dir))
 
     def evaluate(self, adapter_dir: Path, data: TrainingData, parent_adapter_dir: Path | None = None) -> GateReport:
-        from training.modeling import load_tokenizer, mean_completion_loss
+        from entroloop.training.modeling import load_tokenizer, mean_completion_loss
 
         tokenizer = load_tokenizer(self.base_model)
         suite, general = data.regression_suite, data.general_heldout

@@ -40,7 +40,7 @@ from typing import Any
 import msgspec
 
 from entroloop.contract.records import RetrainRequest
-from training.actions import ActionLog
+from entroloop.training.actions import ActionLog
 
 TERMINAL_STATES = frozenset({"accepted", "rejected", "failed"})
 

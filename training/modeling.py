@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.dataset import Example
+from entroloop.training.dataset import Example
 
 PROMPT_SUFFIX = "\n"
 IGNORE = -100

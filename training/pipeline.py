@@ -6,7 +6,7 @@ crash: the data set is rebuilt deterministically (and must give the same digest)
 from its latest checkpoint, the gate is a pure measurement, registration is idempotent.
 
 Where the records come from is a ``RecordSource``: the embedded bus log, JSON Lines files, a list
-(tests), or, in distributed mode, ClickHouse plus the WORM audit log (``training.sources``), which
+(tests), or, in distributed mode, ClickHouse plus the WORM audit log (``entroloop.training.sources``), which
 selects per request (``records_for``) instead of handing over everything. Only records of the
 request's model, up to the end of its window, are used.
 """
@@ -28,8 +28,8 @@ from entroloop.contract.records import (
     Feedback,
     RetrainRequest,
 )
-from training.dataset import TrainingData, build_dataset
-from training.jobs import Job, Step
+from entroloop.training.dataset import TrainingData, build_dataset
+from entroloop.training.jobs import Job, Step
 
 
 class RecordSource(Protocol):
@@ -37,7 +37,7 @@ class RecordSource(Protocol):
 
 
 class RequestRecordSource(Protocol):
-    """A source that selects (and samples) for one request, e.g. ``training.sources.WarehouseSource``."""
+    """A source that selects (and samples) for one request, e.g. ``entroloop.training.sources.WarehouseSource``."""
 
     def records_for(self, request: RetrainRequest) -> Iterable[Event]: ...
 
@@ -138,7 +138,7 @@ class TrainingPipeline:
     @property
     def base_model_digest(self) -> str:
         if self._base_digest is None:
-            from training.modeling import folder_digest
+            from entroloop.training.modeling import folder_digest
 
             self._base_digest = folder_digest(self.base_model)
         return self._base_digest
@@ -179,7 +179,7 @@ class TrainingPipeline:
         return parent, folder
 
     def train(self, job: Job) -> dict[str, Any]:
-        from training.trainer import LoraTrainer, TrainConfig
+        from entroloop.training.trainer import LoraTrainer, TrainConfig
 
         data = TrainingData.load(job.work / "dataset.json")
         _parent_id, parent_dir = self._parent(job)
@@ -193,7 +193,7 @@ class TrainingPipeline:
         return out
 
     def gate(self, job: Job) -> dict[str, Any]:
-        from training.gate import GateConfig, RegressionGate
+        from entroloop.training.gate import GateConfig, RegressionGate
 
         data = TrainingData.load(job.work / "dataset.json")
         _parent_id, parent_dir = self._parent(job)

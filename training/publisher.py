@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from entroloop.infra.adapter_routing import AdapterRouting, bucket
-from training.actions import ActionLog
+from entroloop.training.actions import ActionLog
 
 
 class VllmError(RuntimeError):

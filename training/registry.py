@@ -23,7 +23,7 @@ from typing import Any
 
 from entroloop.infra.adapter_routing import read_routings
 from entroloop.infra.worm.worm_store import WormStore
-from training.actions import ActionLog
+from entroloop.training.actions import ActionLog
 
 MANIFEST_VERSION = 1
 # "superseded": a promoted adapter replaced by a newer promoted one (so "promoted" means current).

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.dataset import Example
-from training.modeling import (
+from entroloop.training.dataset import Example
+from entroloop.training.modeling import (
     choose_dtype,
     device,
     encode_pair,

@@ -31,21 +31,21 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from collectors.gateway.admin import (
+from entroloop.collectors.gateway.admin import (
     AdminApi,
     AdminRouting,
     AdminState,
     PauseMiddleware,
     TierRedirect,
 )
-from collectors.gateway.auth import INFERENCE_PATHS, AuthMiddleware, GatewayConfigError
-from collectors.gateway.completions import AUDITED_PATHS, Gateway, Publish
-from collectors.gateway.config import GatewayConfig
-from collectors.gateway.feedback import FEEDBACK_PATH, FeedbackEndpoint
-from collectors.gateway.limits import BodyLimitMiddleware
-from collectors.gateway.metrics import MetricsEndpoint, RequestCounter, counted
-from collectors.gateway.request_ids import RequestIdMiddleware
-from collectors.gateway.routing import RoutingTable
+from entroloop.collectors.gateway.auth import INFERENCE_PATHS, AuthMiddleware, GatewayConfigError
+from entroloop.collectors.gateway.completions import AUDITED_PATHS, Gateway, Publish
+from entroloop.collectors.gateway.config import GatewayConfig
+from entroloop.collectors.gateway.feedback import FEEDBACK_PATH, FeedbackEndpoint
+from entroloop.collectors.gateway.limits import BodyLimitMiddleware
+from entroloop.collectors.gateway.metrics import MetricsEndpoint, RequestCounter, counted
+from entroloop.collectors.gateway.request_ids import RequestIdMiddleware
+from entroloop.collectors.gateway.routing import RoutingTable
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor, redactor_for_service
 
@@ -113,7 +113,7 @@ def app_from_settings(settings: Settings, publish: Publish | None = None, **over
     # SettingsError naming the variable and the fix; the demo mode logs a loud warning.
     redactor = redactor_for_service(settings, "gateway")
     if publish is None:
-        from collectors.vllm.emit import resolve_sink
+        from entroloop.collectors.vllm.emit import resolve_sink
 
         publish = resolve_sink("publisher", settings)  # type: ignore[assignment]
     routing = RoutingTable.from_settings(settings) if config.adapter_routing else None

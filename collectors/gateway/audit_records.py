@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
-from collectors.gateway import capture
-from collectors.gateway.exchange import Exchange
+from entroloop.collectors.gateway import capture
+from entroloop.collectors.gateway.exchange import Exchange
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper, uuid7
 from entroloop.contract.records import (

@@ -40,19 +40,19 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from collectors.gateway import capture, passthrough
-from collectors.gateway.audit_records import build_records
-from collectors.gateway.config import GatewayConfig
-from collectors.gateway.exchange import Exchange
-from collectors.gateway.logprobs import (
+from entroloop.collectors.gateway import capture, passthrough
+from entroloop.collectors.gateway.audit_records import build_records
+from entroloop.collectors.gateway.config import GatewayConfig
+from entroloop.collectors.gateway.exchange import Exchange
+from entroloop.collectors.gateway.logprobs import (
     approximate_entropies,
     approximate_token_hashes,
     restore_client_logprobs,
 )
-from collectors.gateway.params import InvalidRequest, parse_body
-from collectors.gateway.routing import RoutingTable
-from collectors.gateway.streaming import StreamCollector, error_event
-from collectors.gateway.tracing import GatewayTracing
+from entroloop.collectors.gateway.params import InvalidRequest, parse_body
+from entroloop.collectors.gateway.routing import RoutingTable
+from entroloop.collectors.gateway.streaming import StreamCollector, error_event
+from entroloop.collectors.gateway.tracing import GatewayTracing
 from entroloop.contract.ids import NodeStamper, uuid7
 from entroloop.contract.records import Event
 from entroloop.infra.pii import PiiRedactor

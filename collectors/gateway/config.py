@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.gateway.auth import AccessPolicy, ApiKeys
+from entroloop.collectors.gateway.auth import AccessPolicy, ApiKeys
 from entroloop.contract.settings import Settings
 
 

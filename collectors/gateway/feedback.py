@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from collectors.gateway.completions import Publish
+from entroloop.collectors.gateway.completions import Publish
 from entroloop.contract.ids import NodeStamper, derived_event_id, uuid7
 from entroloop.contract.records import RATING_MAX, RATING_MIN, Feedback
 from entroloop.infra.pii import PiiRedactor

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.gateway.topk_entropy import (
+from entroloop.collectors.gateway.topk_entropy import (
     chat_token_entropies,
     chat_token_hashes,
     completion_token_entropies,

@@ -6,8 +6,8 @@ import json
 import time
 from typing import Any
 
-from collectors.gateway.exchange import Exchange
-from collectors.gateway.logprobs import (
+from entroloop.collectors.gateway.exchange import Exchange
+from entroloop.collectors.gateway.logprobs import (
     approximate_entropies,
     approximate_token_hashes,
     restore_client_logprobs,

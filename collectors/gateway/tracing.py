@@ -43,9 +43,9 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from collectors.gateway.auth import GatewayConfigError
-from collectors.gateway.exchange import Exchange
-from collectors.otel_exporter import (
+from entroloop.collectors.gateway.auth import GatewayConfigError
+from entroloop.collectors.gateway.exchange import Exchange
+from entroloop.collectors.otel_exporter import (
     ATTR_E2E,
     ATTR_ENTROLOOP_REQUEST_ID,
     ATTR_INPUT_TOKENS,

@@ -1,6 +1,6 @@
 """Generation throughput of one engine and workload: plain, with the entropy tap, with top-20 logprobs.
 
-Each variant runs in its own Python process (``python -m collectors.vllm.bench VARIANT ...``) so
+Each variant runs in its own Python process (``python -m entroloop.collectors.vllm.bench VARIANT ...``) so
 the engines never share state and the tap's switch (``ENTROLOOP_ENTROPY_TAP_ENABLED``) is read by
 a fresh engine core. Timing covers ``LLM.generate`` after a warm-up batch, plus — for the common
 practice — the host-side entropy from the returned top-20 logprobs, which is part of its cost.
@@ -247,7 +247,7 @@ def _logprob_payload_bytes(outputs) -> float:
 def run_round(work: Workload, model: Path, scratch: Path, python: str = sys.executable,
               order: tuple[str, ...] | None = None) -> dict:
     """One round: each of ``work.variants`` in a fresh process, one after the other; their figures."""
-    from collectors.vllm.emit import read_frames
+    from entroloop.collectors.vllm.emit import read_frames
 
     results = {}
     for variant in order or work.variants:
@@ -256,7 +256,7 @@ def run_round(work: Workload, model: Path, scratch: Path, python: str = sys.exec
         sink_dir.mkdir()
         result_path = run_dir / "result.json"
         proc = subprocess.run(
-            [python, "-m", "collectors.vllm.bench", variant, str(model), str(sink_dir), json.dumps(asdict(work)),
+            [python, "-m", "entroloop.collectors.vllm.bench", variant, str(model), str(sink_dir), json.dumps(asdict(work)),
              str(result_path)],
             capture_output=True,
             text=True,

@@ -3,7 +3,7 @@
 The sink is any ``publish(record)`` callable. Which one a serving node uses is configuration
 (``ENTROLOOP_ENTROPY_TAP_SINK``), because the tap is constructed by vLLM, not by our code:
 
-* ``publisher`` (default): the node's non-blocking Kafka publisher (``collectors.publisher``), built
+* ``publisher`` (default): the node's non-blocking Kafka publisher (``entroloop.collectors.publisher``), built
   from the ``ENTROLOOP_`` settings; with no ``ENTROLOOP_KAFKA_BOOTSTRAP``, a frame file in DATA_DIR.
 * ``file:PATH``: append length-prefixed codec frames to PATH (one writer per process; the path may
   contain ``{pid}``). Useful for tests and for nodes without a broker.
@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from collectors.vllm.ledger import ShippedChunk
+from entroloop.collectors.vllm.ledger import ShippedChunk
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper, new_trace_id
 from entroloop.contract.records import TokenEntropy, pack_entropies, pack_token_hashes
@@ -69,7 +69,7 @@ def read_frames(path: str | Path) -> Iterator[object]:
 def _default_publisher(settings: Settings) -> Publish:
     """The node's Kafka publisher; without a broker configured, a frame file in DATA_DIR (said loudly)."""
     if settings.kafka_bootstrap:
-        from collectors.publisher import publisher_from_settings
+        from entroloop.collectors.publisher import publisher_from_settings
 
         return publisher_from_settings(settings).publish
     path = Path(settings.data_dir) / "collectors" / f"tokens-{settings.node_id}-{{pid}}.bin"

@@ -1,6 +1,6 @@
 """Single-pass entropy per logits row: online max / sum-exp / sum p·x, for the GPU.
 
-The reference (``collectors.vllm.entropy.entropy_per_row``) runs softmax, then ``entr``, then a
+The reference (``entroloop.collectors.vllm.entropy.entropy_per_row``) runs softmax, then ``entr``, then a
 sum: three passes over ``[rows, vocab]`` and a float32 buffer of that size per step. Here every
 logit is read once and nothing of the vocabulary's size is written. For a run of logits ``x`` with
 running maximum ``m`` the state is
@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from collectors.vllm.entropy import entropy_per_row
+from entroloop.collectors.vllm.entropy import entropy_per_row
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The entropy tap: per-step entropy on the device, per-request records on the host.
 
-Interface-neutral: the vLLM adapter (``collectors.vllm.vllm_adapter``) translates vLLM's batch
+Interface-neutral: the vLLM adapter (``entroloop.collectors.vllm.vllm_adapter``) translates vLLM's batch
 updates into ``AddedRow``/``MovedRow`` and calls ``on_batch_update`` and ``on_logits``. Keeping vLLM
 out of this module lets the same tap serve both of vLLM's logits-processor interfaces and keeps it
 testable with plain tensors.
@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from collectors.vllm.entropy import HostTransfer
-from collectors.vllm.fused_entropy import entropy_function
-from collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, ShippedChunk, credit
+from entroloop.collectors.vllm.entropy import HostTransfer
+from entroloop.collectors.vllm.fused_entropy import entropy_function
+from entroloop.collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, ShippedChunk, credit
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class EntropyTap:
         self.emit = emit
         self.ledger = RowLedger(chunk_tokens=chunk_tokens)
         self.transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
-        self.entropy = entropy_function(device)  # fused on CUDA (collectors.vllm.fused_entropy)
+        self.entropy = entropy_function(device)  # fused on CUDA (entroloop.collectors.vllm.fused_entropy)
         self.steps = 0
 
     # --- called by the adapter ---------------------------------------------------------------

@@ -37,10 +37,10 @@ try:  # Model Runner V2 (vLLM >= 0.2x); absent in older releases.
 except ImportError:  # pragma: no cover - depends on the installed vLLM
     V2LogitsProcessor = None  # type: ignore[assignment,misc]
 
-from collectors.vllm.compat import warn_if_unsupported
-from collectors.vllm.emit import TokenEntropyEmitter, resolve_sink
-from collectors.vllm.ledger import AddedRow, MovedRow
-from collectors.vllm.tap import EntropyTap
+from entroloop.collectors.vllm.compat import warn_if_unsupported
+from entroloop.collectors.vllm.emit import TokenEntropyEmitter, resolve_sink
+from entroloop.collectors.vllm.ledger import AddedRow, MovedRow
+from entroloop.collectors.vllm.tap import EntropyTap
 from entroloop.contract.ids import uuid7
 from entroloop.contract.settings import load_settings
 

@@ -1,7 +1,7 @@
-"""`entroloop bench collector`'s repetition: rounds of ``collectors.vllm.bench`` (plain / tap / top-20
+"""`entroloop bench collector`'s repetition: rounds of ``entroloop.collectors.vllm.bench`` (plain / tap / top-20
 engines, each in its own process) repeated with ``entroloop.benchmarks.repeats``, and the entropy
 reduction alone timed on this machine's CPU and, when CUDA is available, on the GPU — where the
-fused Triton kernel (``collectors.vllm.fused_entropy``) is timed beside the reference, so a session
+fused Triton kernel (``entroloop.collectors.vllm.fused_entropy``) is timed beside the reference, so a session
 with a GPU just runs the command.
 
 Needs torch and vLLM (.venv-ml) when it runs; importing it needs neither.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from collectors.vllm.bench import Workload, cached_model, round_figures, run_round
+from entroloop.collectors.vllm.bench import Workload, cached_model, round_figures, run_round
 from entroloop.benchmarks.repeats import DEFAULT_RUNS, repeat, repeat_many
 
 LOGIT_SCALE = 20.0
@@ -54,8 +54,8 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
     calls per run, repeated ``runs`` times."""
     import torch
 
-    from collectors.vllm.entropy import entropy_per_row
-    from collectors.vllm.fused_entropy import (
+    from entroloop.collectors.vllm.entropy import entropy_per_row
+    from entroloop.collectors.vllm.fused_entropy import (
         entropy_per_row_chunked,
         entropy_per_row_shifted,
         entropy_per_row_triton,

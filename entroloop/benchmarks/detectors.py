@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from collectors.synthetic_fleet import SyntheticFleet
+from entroloop.collectors.synthetic_fleet import SyntheticFleet
 from entroloop.benchmarks import intent as intent_bench
 from entroloop.benchmarks.report import Figure
 from entroloop.contract.records import (
@@ -39,11 +39,11 @@ from entroloop.contract.records import (
     IntentScore,
 )
 from entroloop.contract.settings import Settings
-from streams.base import Processor
-from streams.defaults import default_processors, intent_scoring_available
-from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
-from streams.entropy_baseline import EntropyBaselineDetector
-from streams.intent_similarity import IntentSimilarityScorer
+from entroloop.streams.base import Processor
+from entroloop.streams.defaults import default_processors, intent_scoring_available
+from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+from entroloop.streams.entropy_baseline import EntropyBaselineDetector
+from entroloop.streams.intent_similarity import IntentSimilarityScorer
 
 BATCH = 512
 

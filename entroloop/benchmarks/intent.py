@@ -29,7 +29,7 @@ from entroloop.benchmarks.repeats import DEFAULT_RUNS, Repeated, repeat_many
 from entroloop.benchmarks.report import Figure
 from entroloop.contract.records import Audit, Event, Fallback
 from entroloop.contract.settings import Settings
-from streams.intent_similarity import IntentSimilarityScorer, StageCounts
+from entroloop.streams.intent_similarity import IntentSimilarityScorer, StageCounts
 
 MAX_PAIRS = 200
 BATCH = 64

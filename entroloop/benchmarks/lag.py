@@ -1,6 +1,6 @@
 """Emit -> queryable and emit -> alert/action lag: the fleet at a fixed request rate through Kafka.
 
-The serving side is the node publisher (``collectors.publisher``) in this process, publishing the
+The serving side is the node publisher (``entroloop.collectors.publisher``) in this process, publishing the
 synthetic fleet's traffic at ``rate`` requests/s for ``seconds``. The fleet generator itself runs
 at ~600 requests/s on one core, so a sample of requests is generated before the clock starts and
 replayed with fresh event ids and seqs; ``emitted_at`` is stamped at the moment of ``publish()``
@@ -23,7 +23,7 @@ second); at the sink's default of 1 s there is one insert per table per second a
 `entroloop actions` (the action runner of the distributed deployment, its own process and consumer
 group: the worker runs no runbooks) instead of the sink, acting for real (not a dry run), with the
 webhooks answered by a stub HTTP server in this process. Derived records
-keep their source's ``emitted_at`` (``streams.base.derive``), and the Kafka timestamp of an alert
+keep their source's ``emitted_at`` (``entroloop.streams.base.derive``), and the Kafka timestamp of an alert
 or action is when the worker produced it, so per alert, lag = its append to the alerts topic
 (durable, where actions, circuit breakers and rollbacks read it) - emitted_at, and per action,
 its append to the actions topic (after its steps ran) - emitted_at. With ``baseline_checkout``,
@@ -112,7 +112,7 @@ def checkout_commit(path: Path) -> str:
 
 
 def _sample(requests: int, seed: int) -> list[list[Any]]:
-    from collectors.synthetic_fleet import SyntheticFleet
+    from entroloop.collectors.synthetic_fleet import SyntheticFleet
 
     return [request.records for request in SyntheticFleet(seed=seed).requests(requests)]
 
@@ -170,7 +170,7 @@ class _Process:
 def _publish(bootstrap: str, prefix: str, folder: Path, sample: list[list[Any]], rate: float,
              seconds: float) -> dict[str, Any]:
     """Publish ``rate`` requests/s for ``seconds``; ``emitted_at`` is the moment of ``publish()``."""
-    from collectors.publisher import Publisher, PublisherConfig
+    from entroloop.collectors.publisher import Publisher, PublisherConfig
     from entroloop.contract.ids import uuid7
 
     publisher = Publisher(PublisherConfig(bootstrap, folder / "spool", topic_prefix=prefix))

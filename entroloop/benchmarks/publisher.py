@@ -29,7 +29,7 @@ TARGET_EVENTS_PER_S = 100_000
 
 def build_records(count: int, seed: int = 7) -> list[Any]:
     """``count`` distinct fleet records (a fleet sample repeated with fresh ids and seqs)."""
-    from collectors.synthetic_fleet import SyntheticFleet
+    from entroloop.collectors.synthetic_fleet import SyntheticFleet
     from entroloop.contract.ids import uuid7
 
     sample = [r for request in SyntheticFleet(seed=seed).requests(1000) for r in request.records]
@@ -42,7 +42,7 @@ def build_records(count: int, seed: int = 7) -> list[Any]:
 
 def publish_once(bootstrap: str, prefix: str, records: list[Any]) -> dict[str, Any]:
     """The node publisher: ``publish()`` every record (timed one by one), then ``flush`` until acked."""
-    from collectors.publisher import Publisher, PublisherConfig
+    from entroloop.collectors.publisher import Publisher, PublisherConfig
 
     events = len(records)
     latencies = np.empty(events, dtype=np.int64)
@@ -78,7 +78,7 @@ def bare_producer_once(bootstrap: str, prefix: str, records: list[Any]) -> float
     Returns delivered records/s (0 if any delivery failed)."""
     from confluent_kafka import Producer
 
-    from collectors.publisher import PublisherConfig
+    from entroloop.collectors.publisher import PublisherConfig
     from entroloop.contract import codec
 
     with tempfile.TemporaryDirectory() as spool_dir:

@@ -1,13 +1,13 @@
 """The Faust worker against a plain confluent-kafka loop running the same processors.
 
 Both consumers are worker processes of their own, started the same way and observed the same way
-from here, on the same fleet events (``collectors.synthetic_fleet``) published beforehand to topics
+from here, on the same fleet events (``entroloop.collectors.synthetic_fleet``) published beforehand to topics
 of their own (a fresh prefix each, so neither sees the other's outputs):
 
-- ``faust``: ``entroloop worker`` (``streams.app``), the deployment's worker;
+- ``faust``: ``entroloop worker`` (``entroloop.streams.app``), the deployment's worker;
 - ``plain``: :func:`plain_loop` below: one confluent-kafka consumer on the same input topics, each
   poll batch decoded with ``entroloop.contract.codec`` and handed to the same processors
-  (``streams.defaults.default_processors``), outputs produced to their topics, the producer flushed
+  (``entroloop.streams.defaults.default_processors``), outputs produced to their topics, the producer flushed
   and the offsets committed every second (at-least-once, like the worker).
 
 Both are observed the same way, every 20 ms: the consumer group's committed offsets on the fleet's
@@ -48,11 +48,11 @@ BUSY_CORES = 0.3
 
 def fleet_payloads(requests: int, seed: int = 7) -> list[tuple[str, bytes, bytes]]:
     """(topic name without prefix, key, encoded value) of every fleet event a worker consumes."""
-    from collectors.synthetic_fleet import SyntheticFleet
+    from entroloop.collectors.synthetic_fleet import SyntheticFleet
     from entroloop.contract.codec import encode
     from entroloop.contract.settings import Settings
     from entroloop.contract.topics import TOPIC_BY_TYPE
-    from streams.defaults import default_processors
+    from entroloop.streams.defaults import default_processors
 
     consumed = {TOPIC_BY_TYPE[t].name for p in default_processors(Settings(), with_intent=False) for t in p.inputs}
     out: list[tuple[str, bytes, bytes]] = []
@@ -277,8 +277,8 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
     from entroloop.contract.codec import CodecError, decode, encode
     from entroloop.contract.settings import load_settings
     from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
-    from streams.app import StreamsConfig, WatermarkCadence
-    from streams.defaults import default_processors
+    from entroloop.streams.app import StreamsConfig, WatermarkCadence
+    from entroloop.streams.defaults import default_processors
 
     settings = load_settings()
     prefix = settings.topic_prefix

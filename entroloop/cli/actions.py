@@ -22,7 +22,7 @@ def _case_bundle_query(settings: Any) -> Any:
     """``query(sql)`` on the configured ClickHouse for case bundles, connecting on first use and again
     after a failure (ClickHouse may start after this process; a failed bundle step is reported, not fatal)."""
     from entroloop.infra.clickhouse.client import connect
-    from streams.actions import client_query
+    from entroloop.streams.actions import client_query
 
     dsn, password = settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value()
     if dsn.startswith("chdb://"):
@@ -77,9 +77,9 @@ def actions(
     from entroloop.infra.kafka_record_loop import DeliveryFailed
     from entroloop.infra.kafka_topics import ensure_topics
     from entroloop.infra.metrics import serve_metrics
-    from streams.actions import ActionRunner, RunbookError
-    from streams.actions.consumer import ActionConsumer
-    from streams.actions.runbooks import runbooks_from_settings
+    from entroloop.streams.actions import ActionRunner, RunbookError
+    from entroloop.streams.actions.consumer import ActionConsumer
+    from entroloop.streams.actions.runbooks import runbooks_from_settings
 
     if log_level.lower() not in LOG_LEVELS:
         console.print(f"[red]--log-level must be one of {', '.join(LOG_LEVELS)}[/red]")

@@ -132,7 +132,7 @@ def verify(
 ) -> None:
     """Recompute every hash, Merkle root and chain link and, with a public key, hold the log against
     every signed checkpoint kept outside it; exit 1 naming each problem found."""
-    from sinks.audit.verify import verify_store
+    from entroloop.sinks.audit.verify import verify_store
 
     try:
         settings = _settings(data_dir, store)

@@ -43,7 +43,7 @@ def collector(
         console.print("[red]entroloop bench collector needs the ML environment: bash scripts/install_ml_env.sh, "
                       "then .venv-ml/bin/entroloop bench collector[/red]")
         raise typer.Exit(2)
-    from collectors.vllm import bench
+    from entroloop.collectors.vllm import bench
     from entroloop.benchmarks import collector as rounds
 
     shapes = shape or list(bench.SHAPES)
@@ -170,7 +170,7 @@ def _tap_choice(device: str) -> str:
 
 
 def bench_passes() -> int:
-    from collectors.vllm.bench import PASSES
+    from entroloop.collectors.vllm.bench import PASSES
 
     return PASSES
 

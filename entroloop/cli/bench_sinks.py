@@ -42,7 +42,7 @@ def sinks(
     as_json: Annotated[bool, typer.Option("--json", help="End with the figures as one JSON line.")] = False,
 ) -> None:
     """Measure the sinks: chDB rows/s (end to end and per stage), Parquet MB/s, verify events/s."""
-    from sinks import bench
+    from entroloop.sinks import bench
 
     load_before = os.getloadavg()[0]
     with console.status("chDB inserts (decode + Arrow + insert)"):

@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         Scale by starting more workers (up to the partition count); each agent runs one actor per
         process (the faust-streaming issue 606 guard).
         """
-        from streams.app import build_streams_app
+        from entroloop.streams.app import build_streams_app
 
         from entroloop.infra.metrics import serve_metrics
 
@@ -112,8 +112,8 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the counters as one JSON line.")] = False,
     ) -> None:
         """Publish a synthetic serving fleet's events to Kafka through the node publisher."""
-        from collectors.publisher import Publisher
-        from collectors.synthetic_fleet import SyntheticFleet
+        from entroloop.collectors.publisher import Publisher
+        from entroloop.collectors.synthetic_fleet import SyntheticFleet
         from entroloop.infra.kafka_topics import ensure_topics
 
         settings = distributed_settings(broker, topic_prefix)

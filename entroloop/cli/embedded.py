@@ -47,7 +47,7 @@ def _settings(data_dir: Path | None, **extra: Any) -> Settings:
 
 def _runner(settings: Settings):
     from entroloop.runner import EmbeddedRunner
-    from streams.actions import RunbookError
+    from entroloop.streams.actions import RunbookError
 
     try:
         return EmbeddedRunner(settings)
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         can feed them through again). With --broker the same fleet goes through a real Kafka
         broker, an `entroloop worker` process and the two sink processes.
         """
-        from collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
+        from entroloop.collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
 
         settings = _settings(data_dir)
         path = Path(settings.data_dir)
@@ -259,7 +259,7 @@ def _demo_through_kafka(settings: Settings, broker: str, requests: int, seed: in
 
 
 def default_processors_for(settings: Settings) -> list[Any]:
-    from streams.defaults import default_processors
+    from entroloop.streams.defaults import default_processors
 
     return default_processors(settings)
 

@@ -205,7 +205,7 @@ class CorrectionLine(msgspec.Struct):
     labels: list[str] | None = None
 
     def check(self) -> str:
-        from streams.rules import LABELS, OTHER
+        from entroloop.streams.rules import LABELS, OTHER
 
         unknown = sorted(set(self.labels or ()) - {*LABELS, OTHER})
         if unknown:
@@ -226,7 +226,7 @@ def corrections(file: InputFile, as_json: AsJson = False, predictions: Predictio
     from entroloop.cli.common import settings_or_exit
     from entroloop.contract.ids import uuid7
     from entroloop.contract.records import Audit, Feedback
-    from streams.bad_cases import REGRESSION_LABEL, BadCaseJoiner, minimal_failing_span
+    from entroloop.streams.bad_cases import REGRESSION_LABEL, BadCaseJoiner, minimal_failing_span
 
     try:
         lines = read_jsonl(file, CorrectionLine)
@@ -344,8 +344,8 @@ def entropy(file: InputFile, as_json: AsJson = False, predictions: Predictions =
     """
     from entroloop.cli.common import settings_or_exit
     from entroloop.contract.records import Alert
-    from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
-    from streams.entropy_baseline import EntropyBaselineDetector
+    from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+    from entroloop.streams.entropy_baseline import EntropyBaselineDetector
 
     try:
         lines = read_jsonl(file, EntropyLine)

@@ -70,7 +70,7 @@ def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float:
 
 def _figures(scores: list[float], labels: list[bool | None], flagged: list[bool], threshold: float | None) -> dict[str, Any]:
     """auroc, balanced accuracy of the fallback decisions, threshold, best_threshold, pairs."""
-    from streams.intent_similarity import best_threshold
+    from entroloop.streams.intent_similarity import best_threshold
 
     known = [(s, bool(lab), f) for s, lab, f in zip(scores, labels, flagged, strict=True) if lab is not None]
     result: dict[str, Any] = {"auroc": None, "balanced_accuracy": None, "threshold": threshold,
@@ -92,7 +92,7 @@ def evaluate(scorer: Any, lines: Sequence[IntentLine]) -> tuple[dict[str, Any], 
     """Score ``lines`` with ``scorer`` (model already loaded) and measure it: the figures `eval intent
     --json` prints (per language, ``all``, ``pairs_per_s``, ``scorer``, ``decided_by``, ``stages``),
     the scores and the fallback flags. Also used by `entroloop bench detectors` on the labelled set."""
-    from streams.intent_similarity import StageCounts, detect_language
+    from entroloop.streams.intent_similarity import StageCounts, detect_language
 
     scorer.stages = StageCounts()
     start = time.perf_counter()
@@ -141,7 +141,7 @@ def intent(file: InputFile, as_json: AsJson = False, predictions: Predictions = 
     Each pair is scored by the scorer the pipeline runs, from the same settings (ENTROLOOP_INTENT_BACKEND, _HEAD, _CASCADE, thresholds). Per language found and for "all": auroc, balanced_accuracy (of the fallback decisions at the threshold in force), threshold, best_threshold (the cut of best balanced accuracy: put it into ENTROLOOP_INTENT_LANGUAGE_THRESHOLDS), pairs; plus pairs_per_s (model loading excluded), decided_by (the share of pairs each stage decided) and stages ({"lexical"|"model": {"pairs_per_s", "decided_share"}}: each stage's pairs over its own seconds). With ENTROLOOP_INTENT_CASCADE=true every pair is also scored by the model alone, reported as "model_alone" (same keys), so the cascade's price in AUROC is on the same line. Predictions: {"id", "score", "fallback"}.
     """
     from entroloop.cli.common import settings_or_exit
-    from streams.intent_similarity import IntentSimilarityScorer
+    from entroloop.streams.intent_similarity import IntentSimilarityScorer
 
     try:
         lines = read_jsonl(file, IntentLine)

@@ -53,7 +53,7 @@ def run_sink(kind: str, settings: Any, until_empty: bool, max_idle_s: float | No
              loglevel: str, **options: Any) -> None:
     """Build the sink ``kind``, run it until told to stop, print its counters."""
     from entroloop.infra.kafka_topics import ensure_topics
-    from sinks.kafka_sink import SINK_FACTORIES
+    from entroloop.sinks.kafka_sink import SINK_FACTORIES
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     problem = _broker_answers(settings.kafka_bootstrap)

@@ -8,8 +8,8 @@ Embedded mode: retrain requests are read from the embedded bus log (DATA_DIR/log
 from where the runner's sinks put it in ClickHouse and the audit log.
 
 Distributed mode (ENTROLOOP_KAFKA_BOOTSTRAP or ``--broker`` set): ``trainer`` consumes the retrain
-topic from Kafka (``training.consumer``), training data comes from ClickHouse and the WORM audit log
-(``training.sources.WarehouseSource``), and Action records go to the actions topic through the node
+topic from Kafka (``entroloop.training.consumer``), training data comes from ClickHouse and the WORM audit log
+(``entroloop.training.sources.WarehouseSource``), and Action records go to the actions topic through the node
 publisher, from where the sinks store them.
 """
 
@@ -67,7 +67,7 @@ _publishers: list[Any] = []
 def _kafka_publisher(settings: Any) -> Any:
     """The node publisher (one per process, closed at exit by its own atexit hook)."""
     if not _publishers:
-        from collectors.publisher import Publisher
+        from entroloop.collectors.publisher import Publisher
 
         _publishers.append(Publisher.from_settings(settings, client_id=f"entroloop-trainer-{settings.node_id}"))
     return _publishers[0]
@@ -75,7 +75,7 @@ def _kafka_publisher(settings: Any) -> Any:
 
 def _actions(settings: Any):
     """Action records to the actions topic: Kafka in distributed mode, else the embedded bus."""
-    from training.actions import ActionLog
+    from entroloop.training.actions import ActionLog
 
     emit = _kafka_publisher(settings).publish if settings.kafka_bootstrap else _bus_emitter(settings)
     return ActionLog(emit, node_id=f"trainer@{settings.node_id}")
@@ -84,7 +84,7 @@ def _actions(settings: Any):
 def _registry(settings: Any, actions: Any):
     from entroloop.infra.clickhouse.client import ClickHouseLocked, connect
     from entroloop.infra.worm.worm_store import LocalWormStore
-    from training.registry import AdapterRegistry
+    from entroloop.training.registry import AdapterRegistry
 
     store = LocalWormStore(Path(settings.adapter_store_dir or Path(settings.data_dir) / "adapters"))
     try:
@@ -98,7 +98,7 @@ def _registry(settings: Any, actions: Any):
 
 
 def _source(settings: Any, records: list[Path] | None, registry: Any = None):
-    from training.pipeline import BusSource, JsonLinesSource
+    from entroloop.training.pipeline import BusSource, JsonLinesSource
 
     if records:
         return JsonLinesSource(list(records))
@@ -111,7 +111,7 @@ def _warehouse_source(settings: Any, registry: Any = None):
     """Distributed training data: ids from ClickHouse, accepted answers from the WORM audit log."""
     from entroloop.infra.clickhouse.client import connect
     from entroloop.infra.worm.stores import open_worm_store
-    from training.sources import WarehouseSource
+    from entroloop.training.sources import WarehouseSource
 
     if registry is not None:  # the registry's connection (chDB allows one per data folder)
         client, database = registry.client, registry.database
@@ -137,7 +137,7 @@ def rollback_adapter(settings: Any, registry: Any, actions: Any, adapter_id: str
     rollback knows whether the adapter is the promoted one or a canary; the new routing is written
     back there (``adapter_status``) and every step is an Action record.
     """
-    from training.publisher import (
+    from entroloop.training.publisher import (
         AdapterPublisher,
         CanaryPolicy,
         CanaryRouter,
@@ -157,7 +157,7 @@ def _rollout(settings: Any, registry: Any, actions: Any):
     """The job's last step when ENTROLOOP_VLLM_SERVERS is set: load the accepted adapter into every
     server and run the canary. The share of each stage is recorded in ``adapter_status``, which is
     what gateways read to route (the router here is this process's view of it)."""
-    from training.publisher import (
+    from entroloop.training.publisher import (
         AdapterPublisher,
         CanaryPolicy,
         CanaryRouter,
@@ -181,8 +181,8 @@ def _rollout(settings: Any, registry: Any, actions: Any):
 
 
 def _runner(settings: Any, records: list[Path] | None, dry_run: bool):
-    from training.jobs import JobRunner, JobStore
-    from training.pipeline import TrainingPipeline
+    from entroloop.training.jobs import JobRunner, JobStore
+    from entroloop.training.pipeline import TrainingPipeline
 
     actions = _actions(settings)
     registry = None if dry_run else _registry(settings, actions)
@@ -204,7 +204,7 @@ def run_kafka_trainer(settings: Any, runner: Any, once: bool = False, session_ti
     from entroloop.contract.records import Action, DeadLetter, RetrainRequest
     from entroloop.contract.topics import TOPIC_BY_TYPE
     from entroloop.infra.kafka_topics import ensure_topics
-    from training.consumer import RetrainConsumer
+    from entroloop.training.consumer import RetrainConsumer
 
     problem = _broker_answers(settings.kafka_bootstrap)
     if problem:

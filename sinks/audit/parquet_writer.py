@@ -8,12 +8,12 @@ touches few files; action records by action and day (``actions/action=A/day=YYYY
 tamper evidence (SHA-256 per file, Merkle root per batch, manifests chained per topic partition,
 heads) is described in ``entroloop.infra.worm.manifest``; the audit and action topics have chains of their own.
 
-A record whose event id the writer stored lately (``sinks.recent_ids``: a publisher's spool replay
+A record whose event id the writer stored lately (``entroloop.sinks.recent_ids``: a publisher's spool replay
 re-sent it at another offset) is left out of the batch's files; the batch's manifest still covers
 its offsets, so the chain has no gap.
 
 With a ``Checkpointer`` (``ENTROLOOP_AUDIT_SIGNING_KEY_FILE``), the heads are signed after sealing
-and kept outside the log (``sinks.audit.checkpointer``), so ``verify`` can tell the log that was
+and kept outside the log (``entroloop.sinks.audit.checkpointer``), so ``verify`` can tell the log that was
 written from a consistent rewrite of it.
 
 Write order is data files, then the manifest, then the head: a crash at any point leaves objects
@@ -54,8 +54,8 @@ from entroloop.infra.worm.manifest import (
     sha256_hex,
 )
 from entroloop.infra.worm.worm_store import ObjectExists, WormStore
-from sinks.audit.checkpointer import Checkpointer
-from sinks.recent_ids import RecentEventIds
+from entroloop.sinks.audit.checkpointer import Checkpointer
+from entroloop.sinks.recent_ids import RecentEventIds
 
 WrittenFile = FileEntry  # the name the first writer used
 

@@ -4,11 +4,11 @@ Idempotency has two layers. Each insert carries ``insert_deduplication_token`` =
 ``topic/partition/first-last`` offsets, so a batch redelivered after a crash between insert and
 offset commit is dropped by ClickHouse (tables set ``non_replicated_deduplication_window``).
 An event that arrives again at another offset (a publisher's spool replay after an ambiguous
-delivery timeout) is dropped by ``sinks.recent_ids.RecentEventIds`` before the insert. Behind
+delivery timeout) is dropped by ``entroloop.sinks.recent_ids.RecentEventIds`` before the insert. Behind
 both, every table is a ReplacingMergeTree keyed on ``event_id``, so a copy that slips past them
 (after a sink restart) still ends as one row on merge (exact counts use ``FINAL``).
 
-A batch that ClickHouse refuses because of one record is bisected (``sinks.clickhouse.poison``):
+A batch that ClickHouse refuses because of one record is bisected (``entroloop.sinks.clickhouse.poison``):
 the good records are inserted under tokens derived from the batch's, and each record refused on
 its own is handed to the caller's ``on_poison`` (which dead-letters it) instead of stopping the sink.
 """
@@ -23,9 +23,9 @@ from entroloop.contract.records import Event
 from entroloop.contract.topics import TOPIC_BY_NAME
 from entroloop.infra.clickhouse.schema import migrate
 from entroloop.infra.quarantine import Quarantine, strip_payloads
-from sinks.clickhouse.arrow_rows import Column, build_table
-from sinks.clickhouse.poison import PoisonRecordsError, insert_isolating_poison
-from sinks.recent_ids import RecentEventIds
+from entroloop.sinks.clickhouse.arrow_rows import Column, build_table
+from entroloop.sinks.clickhouse.poison import PoisonRecordsError, insert_isolating_poison
+from entroloop.sinks.recent_ids import RecentEventIds
 
 # on_poison(index, record, reason): ``records[index]`` of an insert was refused on its own
 OnPoison = Callable[[int, Event, str], None]
@@ -138,7 +138,7 @@ class ClickHouseSink:
         return self.insert(topic, [(partition, first_offset, last_offset)], records, on_poison=on_poison)
 
     def write_slices(self, topic: str, slices: Sequence[Any], on_poison: OnPoison | None = None) -> int:
-        """One insert for several partitions' ranges of ``topic`` (``sinks.batching.Slice`` items).
+        """One insert for several partitions' ranges of ``topic`` (``entroloop.sinks.batching.Slice`` items).
 
         The token names every range, so the same cut redelivered is dropped as a whole.
         """

@@ -36,7 +36,7 @@ from entroloop.infra.kafka_record_loop import (
     RecordConsumer,
 )
 from entroloop.infra.metrics import ACTIONS, EVENTS_OUT
-from streams.actions.runner import ActionRunner
+from entroloop.streams.actions.runner import ActionRunner
 
 log = logging.getLogger(__name__)
 

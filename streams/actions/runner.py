@@ -17,7 +17,7 @@ one runbook on one target in order), each finished durably as soon as its steps 
 alerts one by one paid several fsyncs per alert, whatever the runbook decided.
 
 Every executed, dry-run, failed, skipped or rate-limited step becomes one ``Action`` record, derived
-from the alert with a deterministic id (``streams.base.derive``): if the process dies mid-run and
+from the alert with a deterministic id (``entroloop.streams.base.derive``): if the process dies mid-run and
 the alert is handled again, the records and the ``Idempotency-Key`` of each webhook are the same,
 so sinks and receivers absorb the repeat. ``open_retrain`` steps also emit a ``RetrainRequest``.
 
@@ -42,7 +42,7 @@ from typing import Any
 from entroloop.contract.codec import encode
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import Action, Alert, Event, RetrainRequest
-from streams.actions.case_bundle import (
+from entroloop.streams.actions.case_bundle import (
     BUNDLE_FORMAT,
     Query,
     anomalous_request_ids,
@@ -51,11 +51,11 @@ from streams.actions.case_bundle import (
     sql_string,
     write_bundle,
 )
-from streams.actions.runbooks import Runbook, Step, runbooks_from_settings
-from streams.actions.state import DUPLICATE, ActionState, Claim
-from streams.actions.state import RATE_LIMITED as DECIDED_RATE_LIMITED
-from streams.actions.webhook import WebhookClient
-from streams.base import Processor, derive
+from entroloop.streams.actions.runbooks import Runbook, Step, runbooks_from_settings
+from entroloop.streams.actions.state import DUPLICATE, ActionState, Claim
+from entroloop.streams.actions.state import RATE_LIMITED as DECIDED_RATE_LIMITED
+from entroloop.streams.actions.webhook import WebhookClient
+from entroloop.streams.base import Processor, derive
 
 log = logging.getLogger(__name__)
 

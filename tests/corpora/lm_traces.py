@@ -147,7 +147,7 @@ def plan_requests(
 
 
 def _read_tap_records(folder: Path) -> list:
-    from collectors.vllm.emit import read_frames
+    from entroloop.collectors.vllm.emit import read_frames
 
     records = []
     for path in sorted(folder.glob("tokens-*.bin")):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from streams.app import StreamsApp, StreamsConfig
-from streams.bad_cases import BadCaseJoiner
+from entroloop.streams.app import StreamsApp, StreamsConfig
+from entroloop.streams.bad_cases import BadCaseJoiner
 
 
 class InMemoryBadCaseJoiner(BadCaseJoiner):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from training.publisher import VllmError, VllmLoraClient
+from entroloop.training.publisher import VllmError, VllmLoraClient
 
 
 def free_port() -> int:

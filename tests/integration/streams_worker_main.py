@@ -12,8 +12,8 @@ import sys
 import time
 
 from entroloop.contract.records import Alert, Event, Feedback
-from streams.app import StreamsApp, StreamsConfig
-from streams.base import Processor, derive
+from entroloop.streams.app import StreamsApp, StreamsConfig
+from entroloop.streams.base import Processor, derive
 
 
 class SeenRecorder(Processor):

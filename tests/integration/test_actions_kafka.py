@@ -23,7 +23,7 @@ from entroloop.contract.records import Action, Alert, DeadLetter, RetrainRequest
 from entroloop.contract.settings import load_settings
 from entroloop.contract.topics import TOPIC_BY_TYPE
 from entroloop.infra.kafka_topics import ensure_topics
-from streams.actions import ActionRunner
+from entroloop.streams.actions import ActionRunner
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_publisher_kafka import consume_all
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from collectors.synthetic_fleet import SyntheticFleet
+from entroloop.collectors.synthetic_fleet import SyntheticFleet
 from entroloop.contract.records import TokenEntropy
-from sinks.clickhouse.writer import ClickHouseSink
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from entroloop.contract.records import (
 )
 from entroloop.contract.settings import Settings
 from entroloop.infra.kafka_topics import ensure_topics
-from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from tests.integration.test_bad_case_join_restart import (
     APP_ID,
     committed_total,

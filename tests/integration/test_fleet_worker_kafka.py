@@ -1,7 +1,7 @@
 """`entroloop fleet` -> Kafka -> `entroloop worker`: the same alerts as the processors give in-process,
 and none lost when the worker is SIGKILLed mid-stream and restarted three times.
 
-Derived records have deterministic event ids (streams.base.derive), so the alerts computed here
+Derived records have deterministic event ids (entroloop.streams.base.derive), so the alerts computed here
 in-process from the same synthetic traffic are exactly the set the worker must publish.
 """
 
@@ -23,7 +23,7 @@ from entroloop.cli import app as cli
 from entroloop.contract import codec
 from entroloop.contract.records import Alert, TokenEntropy
 from entroloop.contract.settings import Settings
-from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from tests.integration.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.kafka

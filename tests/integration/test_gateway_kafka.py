@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer
 from starlette.testclient import TestClient
 
-from collectors.gateway.app import app_from_settings
+from entroloop.collectors.gateway.app import app_from_settings
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span, TokenEntropy
 from entroloop.contract.settings import load_settings

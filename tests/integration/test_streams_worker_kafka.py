@@ -152,7 +152,7 @@ def test_with_two_actors_the_strict_commit_still_loses_nothing(
 ) -> None:
     """The same scenario with concurrency 2: Faust alone commits past the slow event still in
     flight and the crash loses it (faust-streaming issue 606; shown on Faust's own commit code in
-    tests/unit/streams/test_faust_offsets.py). The strict commit (streams.faust_offsets) holds the
+    tests/unit/streams/test_faust_offsets.py). The strict commit (entroloop.streams.faust_offsets) holds the
     offset at the unfinished head, so the restarted worker processes it."""
     figures = run_crash_scenario(kafka_bootstrap, topic_prefix, tmp_path, concurrency=2)
     assert figures["lost"] == 0 and figures["slow_event_lost"] == 0

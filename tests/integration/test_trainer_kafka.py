@@ -22,7 +22,7 @@ from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_publisher_kafka import consume_all
 from tests.unit.training.training_records import feedback, retrain_request
-from training.jobs import JobStore
+from entroloop.training.jobs import JobStore
 
 pytestmark = pytest.mark.kafka
 

@@ -28,8 +28,8 @@ from tests.integration.training_fixtures import (
     tiny_base_model,  # noqa: F401 - fixture
     write_jsonl,
 )
-from training.dataset import build_dataset
-from training.pipeline import select_training_records
+from entroloop.training.dataset import build_dataset
+from entroloop.training.pipeline import select_training_records
 
 pytestmark = [pytest.mark.training, pytest.mark.kafka]
 
@@ -42,10 +42,10 @@ import sys
 from pathlib import Path
 import msgspec
 from entroloop.contract.records import AnyRecord, Audit
-from sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from entroloop.infra.worm.worm_store import LocalWormStore
 from entroloop.infra.clickhouse.client import connect
-from sinks.clickhouse.writer import ClickHouseSink
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 dsn, worm, records = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 decoder = msgspec.json.Decoder(AnyRecord)

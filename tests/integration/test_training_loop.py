@@ -27,11 +27,11 @@ from tests.integration.training_fixtures import (
     training_settings,
     write_jsonl,
 )
-from training.actions import ActionLog
-from training.dataset import CORRECTION, TrainingData
-from training.jobs import JobRunner, JobStore
-from training.pipeline import JsonLinesSource, MemorySource, TrainingPipeline
-from training.registry import AdapterRegistry
+from entroloop.training.actions import ActionLog
+from entroloop.training.dataset import CORRECTION, TrainingData
+from entroloop.training.jobs import JobRunner, JobStore
+from entroloop.training.pipeline import JsonLinesSource, MemorySource, TrainingPipeline
+from entroloop.training.registry import AdapterRegistry
 
 pytestmark = pytest.mark.training
 
@@ -61,7 +61,7 @@ def test_job_learns_corrections_passes_gate_and_is_registered(tmp_path, tiny_bas
     # The loss on the corrections falls (measured with the same code before and after).
     from peft import PeftModel
 
-    from training.modeling import load_base_model, load_tokenizer, mean_completion_loss
+    from entroloop.training.modeling import load_base_model, load_tokenizer, mean_completion_loss
 
     data = TrainingData.load(job.work / "dataset.json")
     corrections = [e for e in data.train if e.source == CORRECTION]
@@ -110,9 +110,9 @@ RUN_JOB = textwrap.dedent(
     import sys
     from pathlib import Path
     from tests.integration.training_fixtures import GATE_OVERRIDES, TRAIN_OVERRIDES, retrain_request, training_settings
-    from training.actions import ActionLog
-    from training.jobs import JobRunner, JobStore
-    from training.pipeline import JsonLinesSource, TrainingPipeline
+    from entroloop.training.actions import ActionLog
+    from entroloop.training.jobs import JobRunner, JobStore
+    from entroloop.training.pipeline import JsonLinesSource, TrainingPipeline
     tmp, base, records = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     settings = training_settings(tmp, base, train_max_steps=150, train_checkpoint_every=10)
     pipeline = TrainingPipeline(settings, JsonLinesSource([records]), None, train_overrides=TRAIN_OVERRIDES,
@@ -166,8 +166,8 @@ def test_bf16_autocast_path_trains(tmp_path, tiny_base_model):
     """bf16 is chosen automatically only on hardware that has it; forced here so the CPU runs its path."""
     import math
 
-    from training.dataset import Example
-    from training.trainer import LoraTrainer, TrainConfig
+    from entroloop.training.dataset import Example
+    from entroloop.training.trainer import LoraTrainer, TrainConfig
 
     examples = [Example(f"alpha {i} beta", "omega seven", CORRECTION, str(i)) for i in range(8)]
     config = TrainConfig(max_steps=6, batch_rows=2, seq_len=64, checkpoint_every=3, precision="bf16",
@@ -180,8 +180,8 @@ def test_bf16_autocast_path_trains(tmp_path, tiny_base_model):
 
 def test_resumed_training_takes_exactly_the_uninterrupted_steps(tmp_path, tiny_base_model):
     """Data order and learning rate depend on the step only, so crash + resume = no crash."""
-    from training.dataset import Example
-    from training.trainer import LoraTrainer, TrainConfig
+    from entroloop.training.dataset import Example
+    from entroloop.training.trainer import LoraTrainer, TrainConfig
 
     examples = [Example(f"{t} {i} beta", a, CORRECTION, f"{t}{i}")
                 for i in range(6) for t, a in (("alpha", "omega seven"), ("beta", "sigma two"))]

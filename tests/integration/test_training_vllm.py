@@ -36,10 +36,10 @@ from tests.integration.training_fixtures import (
     tiny_base_model,  # noqa: F401 - fixture
     training_settings,
 )
-from training.actions import ActionLog
-from training.jobs import JobRunner, JobStore
-from training.pipeline import MemorySource, TrainingPipeline
-from training.publisher import (
+from entroloop.training.actions import ActionLog
+from entroloop.training.jobs import JobRunner, JobStore
+from entroloop.training.pipeline import MemorySource, TrainingPipeline
+from entroloop.training.publisher import (
     AdapterPublisher,
     CanaryPolicy,
     CanaryRouter,
@@ -47,7 +47,7 @@ from training.publisher import (
     VllmError,
     VllmLoraClient,
 )
-from training.registry import AdapterRegistry
+from entroloop.training.registry import AdapterRegistry
 
 pytestmark = [pytest.mark.vllm, pytest.mark.training]
 
@@ -153,7 +153,7 @@ class Gateway:
 
 
 def test_canary_with_error_spike_is_rolled_back_automatically(vllm_server, trained, chdb_client):
-    from sinks.clickhouse.writer import ClickHouseSink
+    from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
     registry, adapter_id, served, actions, database = trained
     sink = ClickHouseSink(chdb_client, database)

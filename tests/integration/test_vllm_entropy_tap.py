@@ -46,7 +46,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def read_records(folder: Path) -> list:
-    from collectors.vllm.emit import read_frames
+    from entroloop.collectors.vllm.emit import read_frames
 
     records = []
     for path in sorted(folder.glob("tokens-*.bin")):
@@ -82,7 +82,7 @@ def test_entry_point_registers_the_tap() -> None:
     from importlib.metadata import entry_points
 
     targets = {ep.value for ep in entry_points(group="vllm.logits_processors")}
-    assert "collectors.vllm.vllm_adapter:EntropyTapLogitsProcessor" in targets
+    assert "entroloop.collectors.vllm.vllm_adapter:EntropyTapLogitsProcessor" in targets
 
 
 def test_entropies_from_the_engine_match_a_transformers_forward_pass(

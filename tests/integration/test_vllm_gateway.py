@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from collectors.gateway.app import GatewayConfig, create_app
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
 from entroloop.infra.pii import PiiRedactor
-from collectors.vllm.emit import read_frames
+from entroloop.collectors.vllm.emit import read_frames
 from entroloop.contract.records import Audit, Span, TokenEntropy
 from tests.integration.vllm_tiny_model import build_tiny_llama
 

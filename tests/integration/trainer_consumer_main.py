@@ -21,8 +21,8 @@ from pathlib import Path
 
 from entroloop.cli.training import _actions, run_kafka_trainer
 from entroloop.contract.settings import load_settings
-from training.consumer import RetrainConsumer
-from training.jobs import JobRunner, JobStore, Step
+from entroloop.training.consumer import RetrainConsumer
+from entroloop.training.jobs import JobRunner, JobStore, Step
 
 
 def fake_steps(root: Path) -> list[Step]:

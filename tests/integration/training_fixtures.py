@@ -46,7 +46,7 @@ def greedy_responses(base_model: Path, prompts: list[str], max_new_tokens: int =
     """What the base model itself answers (greedy): accepted traffic is what the served model said."""
     import torch
 
-    from training.modeling import load_base_model, load_tokenizer, prompt_ids
+    from entroloop.training.modeling import load_base_model, load_tokenizer, prompt_ids
 
     torch.set_num_threads(1)
     model, tokenizer = load_base_model(base_model), load_tokenizer(base_model)

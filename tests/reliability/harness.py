@@ -276,7 +276,7 @@ def all_identities(per_table: dict[str, Counter[Identity]], tables: Iterable[str
 
 # --- fleet ----------------------------------------------------------------------------------------
 def fleet_records(requests: int, seed: int) -> list[Any]:
-    from collectors.synthetic_fleet import SyntheticFleet
+    from entroloop.collectors.synthetic_fleet import SyntheticFleet
 
     return [r for request in SyntheticFleet(seed=seed).requests(requests) for r in request.records]
 

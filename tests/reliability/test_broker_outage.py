@@ -10,11 +10,11 @@ import threading
 import time
 from pathlib import Path
 
-from collectors.publisher import Publisher, PublisherConfig
+from entroloop.collectors.publisher import Publisher, PublisherConfig
 from entroloop.contract.records import Audit
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.worm_store import LocalWormStore
-from sinks.audit.verify import verify_store
+from entroloop.sinks.audit.verify import verify_store
 from tests.reliability.harness import (
     DedicatedBroker,
     Figures,

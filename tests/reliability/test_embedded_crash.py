@@ -190,7 +190,7 @@ def _demo_fleet_records(requests: int) -> list[Any]:
     The demo mixes malformed payloads into the stream every 500 requests from request 250, drawing
     them from the fleet's generator, so the requests after that differ from a plain fleet's.
     """
-    from collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
+    from entroloop.collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
     from entroloop.contract.codec import encode
     from entroloop.contract.records import TokenEntropy
 

@@ -16,7 +16,7 @@ from entroloop.contract.records import Audit
 from entroloop.contract.topics import partition_for
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.worm_store import LocalWormStore
-from sinks.audit.verify import verify_store
+from entroloop.sinks.audit.verify import verify_store
 from tests.reliability.harness import (
     Figures,
     all_identities,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from collectors.publisher import Publisher, PublisherConfig
+from entroloop.collectors.publisher import Publisher, PublisherConfig
 from entroloop.contract import codec
 from entroloop.infra.kafka_topics import ensure_topics
 from tests.reliability.harness import (
@@ -53,7 +53,7 @@ def test_spool_at_its_disk_limit_is_reported_loudly_with_counts(
     records = fleet_records(1500, seed=61)
     spool_dir = tmp_path / "spool"
     nowhere = f"127.0.0.1:{free_port()}"  # nothing listens: every record must go to the spool
-    caplog.set_level(logging.WARNING, logger="collectors.publisher")
+    caplog.set_level(logging.WARNING, logger="entroloop.collectors.publisher")
     offline = Publisher(PublisherConfig(nowhere, spool_dir, topic_prefix=topic_prefix, spool_max_bytes=SPOOL_LIMIT,
                                         delivery_timeout_ms=1000))
     for record in records:

@@ -2,7 +2,7 @@
 and a rebalance while events flow (a second worker joins, then leaves).
 
 The worker's output is checked against the alerts the entropy detector gives in-process for the
-same traffic (derived records have deterministic ids, node and seq: ``streams.base.derive``), in two
+same traffic (derived records have deterministic ids, node and seq: ``entroloop.streams.base.derive``), in two
 sinks: the alerts topic (at-least-once: a restart republishes, counted as duplicates) and ClickHouse
 after `entroloop sink clickhouse` drained the prefix (read with FINAL: what a query sees; the
 ReplacingMergeTree absorbs the repeats by event id).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import tests.integration.test_fleet_worker_kafka as fleet_worker
 from entroloop.contract.records import Alert
-from streams.entropy_anomaly import GIBBERISH, LOOP
+from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP
 from tests.reliability.harness import (
     PYTHON,
     REPO_ROOT,

@@ -76,11 +76,11 @@ def contract_modules() -> list[str]:
 def test_serving_modules_import_without_the_store_packages() -> None:
     targets = [
         *entry_points("vllm.general_plugins"),   # the span exporter vLLM loads in the API server
-        "collectors.publisher:Publisher",
-        "collectors.otel_exporter:SpanRecordExporter",
-        "collectors.vllm.emit:resolve_sink",
-        "collectors.gateway.app:app_from_settings",  # a gateway needs no store either (routing is lazy)
-        "collectors.feedback_client:FeedbackClient",
+        "entroloop.collectors.publisher:Publisher",
+        "entroloop.collectors.otel_exporter:SpanRecordExporter",
+        "entroloop.collectors.vllm.emit:resolve_sink",
+        "entroloop.collectors.gateway.app:app_from_settings",  # a gateway needs no store either (routing is lazy)
+        "entroloop.collectors.feedback_client:FeedbackClient",
         "entroloop.contract",
         *contract_modules(),
     ]
@@ -92,7 +92,7 @@ def test_serving_modules_import_without_the_store_packages() -> None:
 @pytest.mark.vllm
 def test_the_vllm_entry_points_import_without_the_store_packages() -> None:
     """What vLLM loads in every engine core and in the API server, in the vLLM environment (.venv-ml)."""
-    targets = [*entry_points("vllm.logits_processors"), *entry_points("vllm.general_plugins"), "collectors.vllm.tap"]
+    targets = [*entry_points("vllm.logits_processors"), *entry_points("vllm.general_plugins"), "entroloop.collectors.vllm.tap"]
     assert any("vllm_adapter" in t for t in targets)
     # only the four: vLLM's own dependencies bring PyYAML, jsonschema and cryptography anyway
     report = run_guard(targets, own_roots(), hidden=STORE_MODULES)

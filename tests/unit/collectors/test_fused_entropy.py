@@ -1,4 +1,4 @@
-"""The single-pass entropy forms (collectors.vllm.fused_entropy) against a float64 log_softmax reference.
+"""The single-pass entropy forms (entroloop.collectors.vllm.fused_entropy) against a float64 log_softmax reference.
 
 The Triton kernel runs here on the CPU under ``TRITON_INTERPRET=1`` in a child process (Triton reads
 the switch when a kernel is defined, and this process may already have defined it compiled); the
@@ -73,7 +73,7 @@ def assert_agrees(got, logits, name: str) -> None:
 
 @pytest.mark.parametrize("name", CASES)
 def test_torch_forms_agree_with_the_reference(name: str) -> None:
-    from collectors.vllm.fused_entropy import (
+    from entroloop.collectors.vllm.fused_entropy import (
         entropy_per_row_chunked,
         entropy_per_row_shifted,
     )
@@ -87,7 +87,7 @@ def test_torch_forms_agree_with_the_reference(name: str) -> None:
 def test_a_single_remaining_token_gives_exactly_zero() -> None:
     import torch
 
-    from collectors.vllm.fused_entropy import (
+    from entroloop.collectors.vllm.fused_entropy import (
         entropy_per_row_chunked,
         entropy_per_row_shifted,
     )
@@ -103,7 +103,7 @@ def test_a_single_remaining_token_gives_exactly_zero() -> None:
 def test_the_logits_are_left_unchanged() -> None:
     import torch
 
-    from collectors.vllm.fused_entropy import (
+    from entroloop.collectors.vllm.fused_entropy import (
         entropy_per_row_chunked,
         entropy_per_row_shifted,
     )
@@ -117,7 +117,7 @@ def test_the_logits_are_left_unchanged() -> None:
 
 
 def test_split_plan_covers_the_vocabulary_in_whole_blocks() -> None:
-    from collectors.vllm.fused_entropy import split_plan
+    from entroloop.collectors.vllm.fused_entropy import split_plan
 
     for rows, vocab in ((1, 151_936), (8, 151_936), (256, 151_936), (4, 1000), (3, 5), (1, 1024)):
         splits, size = split_plan(rows, vocab, block=1024)
@@ -128,7 +128,7 @@ def test_split_plan_covers_the_vocabulary_in_whole_blocks() -> None:
 
 CHILD = """
 import sys, torch
-from collectors.vllm.fused_entropy import entropy_per_row_triton
+from entroloop.collectors.vllm.fused_entropy import entropy_per_row_triton
 cases = torch.load(sys.argv[1])
 torch.save({name: (entropy_per_row_triton(x), entropy_per_row_triton(x, block=256)) for name, x in cases.items()},
            sys.argv[2])
@@ -156,9 +156,9 @@ def test_the_triton_kernel_agrees_with_the_reference_under_the_interpreter(tmp_p
 def test_the_tap_uses_the_one_chunk_form_on_a_cpu_and_the_kernel_on_cuda(monkeypatch) -> None:
     import torch
 
-    from collectors.vllm import fused_entropy
-    from collectors.vllm.fused_entropy import entropy_function, entropy_per_row_shifted
-    from collectors.vllm.tap import EntropyTap
+    from entroloop.collectors.vllm import fused_entropy
+    from entroloop.collectors.vllm.fused_entropy import entropy_function, entropy_per_row_shifted
+    from entroloop.collectors.vllm.tap import EntropyTap
 
     assert entropy_function(torch.device("cpu")) is entropy_per_row_shifted
     assert EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy is entropy_per_row_shifted
@@ -169,8 +169,8 @@ def test_the_tap_uses_the_one_chunk_form_on_a_cpu_and_the_kernel_on_cuda(monkeyp
 def test_a_failing_kernel_falls_back_to_the_reference_for_good(monkeypatch) -> None:
     import torch
 
-    from collectors.vllm import fused_entropy
-    from collectors.vllm.fused_entropy import entropy_function
+    from entroloop.collectors.vllm import fused_entropy
+    from entroloop.collectors.vllm.fused_entropy import entropy_function
 
     calls: list[int] = []
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from collectors.gateway.app import GatewayConfig, create_app
-from collectors.gateway.topk_entropy import entropy_from_logprobs, token_hash
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
+from entroloop.collectors.gateway.topk_entropy import entropy_from_logprobs, token_hash
 from entroloop.infra.pii import PiiRedactor
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span, TokenEntropy

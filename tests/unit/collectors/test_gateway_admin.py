@@ -15,18 +15,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from collectors.gateway.app import GatewayConfig, create_app
-from collectors.gateway.auth import ApiKeys
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
+from entroloop.collectors.gateway.auth import ApiKeys
 from entroloop.contract.records import Action, Alert
 from entroloop.infra.pii import PiiRedactor
-from streams.actions import (
+from entroloop.streams.actions import (
     ActionRunner,
     ActionState,
     WebhookClient,
     load_runbooks,
     parse_runbook,
 )
-from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
+from entroloop.streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
 from tests.unit.collectors.served_app import ServedApp
 
 ACME_KEY = "acme-0123456789abcdef-key"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from collectors.vllm.emit import read_frames
+from entroloop.collectors.vllm.emit import read_frames
 from entroloop.contract.records import Audit, Span
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 

@@ -8,10 +8,10 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from collectors.feedback_client import FeedbackClient, FeedbackError
-from collectors.gateway.app import GatewayConfig, create_app
-from collectors.gateway.auth import ApiKeys
-from collectors.gateway.feedback import TokenBuckets, feedback_event_id
+from entroloop.collectors.feedback_client import FeedbackClient, FeedbackError
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
+from entroloop.collectors.gateway.auth import ApiKeys
+from entroloop.collectors.gateway.feedback import TokenBuckets, feedback_event_id
 from entroloop.contract import codec
 from entroloop.contract.ids import uuid7
 from entroloop.contract.records import Feedback

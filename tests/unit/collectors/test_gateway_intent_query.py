@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 from starlette.testclient import TestClient
 
-from collectors.gateway.app import GatewayConfig, create_app
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
 from entroloop.contract.records import Audit, IntentScore
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor
-from streams.intent_similarity import IntentSimilarityScorer
+from entroloop.streams.intent_similarity import IntentSimilarityScorer
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 
 SYSTEM = "You are the support assistant of an online shop. Answer briefly and politely."

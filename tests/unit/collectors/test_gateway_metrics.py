@@ -7,9 +7,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from collectors.gateway.app import GatewayConfig, create_app
-from collectors.gateway.auth import ApiKeys
-from collectors.gateway.metrics import route_template
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
+from entroloop.collectors.gateway.auth import ApiKeys
+from entroloop.collectors.gateway.metrics import route_template
 from entroloop.infra.pii import PiiRedactor
 
 KEY = "acme-0123456789abcdef-key"

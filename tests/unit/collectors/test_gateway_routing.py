@@ -15,8 +15,8 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from collectors.gateway.app import GatewayConfig, create_app
-from collectors.gateway.routing import RoutingTable
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
+from entroloop.collectors.gateway.routing import RoutingTable
 from entroloop.infra.pii import PiiRedactor
 from entroloop.contract.records import Audit, Span
 from entroloop.contract.settings import Settings
@@ -24,8 +24,8 @@ from entroloop.infra.adapter_routing import AdapterRouting
 from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 from tests.unit.collectors.flaky_clickhouse import FlakyClickHouseClient
-from training.actions import ActionLog
-from training.registry import AdapterRegistry
+from entroloop.training.actions import ActionLog
+from entroloop.training.registry import AdapterRegistry
 
 BASE = "base-m"  # the fake engine's base model; adapters are registered for it
 USERS = [f"user-{i}" for i in range(300)]
@@ -139,7 +139,7 @@ def test_unreachable_clickhouse_keeps_last_state_and_logs_once(tmp_path, chdb_cl
     table = RoutingTable(connect, ch_database, refresh_s=60)
     assert table.refresh() and table.routings[BASE].stable == promoted
     flaky.down = True
-    with caplog.at_level(logging.WARNING, logger="collectors.gateway.routing"):
+    with caplog.at_level(logging.WARNING, logger="entroloop.collectors.gateway.routing"):
         assert [table.refresh() for _ in range(4)] == [False] * 4
         assert table.routings[BASE] == AdapterRouting(BASE, stable=promoted)  # last known state
         assert len([r for r in caplog.records if "not refreshed" in r.message]) == 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import zlib
 
-from collectors.gateway.logprobs import approximate_entropies, approximate_token_hashes
-from collectors.gateway.topk_entropy import token_hash
+from entroloop.collectors.gateway.logprobs import approximate_entropies, approximate_token_hashes
+from entroloop.collectors.gateway.topk_entropy import token_hash
 
 
 def _chat(tokens: list[dict]) -> dict:

@@ -14,13 +14,13 @@ import socket
 import pytest
 from starlette.testclient import TestClient
 
-from collectors.gateway.app import (
+from entroloop.collectors.gateway.app import (
     GatewayConfig,
     GatewayConfigError,
     app_from_settings,
     create_app,
 )
-from collectors.gateway.tracing import otlp_traces_url
+from entroloop.collectors.gateway.tracing import otlp_traces_url
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span, TokenEntropy
 from entroloop.contract.settings import SettingsError, load_settings

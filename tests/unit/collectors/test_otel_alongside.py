@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collectors.otel_exporter import OtlpAlongside, span_to_record, tracer_provider
+from entroloop.collectors.otel_exporter import OtlpAlongside, span_to_record, tracer_provider
 from entroloop.contract.ids import NodeStamper
 
 
@@ -127,7 +127,7 @@ def test_in_a_process_like_vllm_the_users_exporter_still_receives_spans(otlp_col
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-        from collectors.otel_exporter import install_tracer_provider, otlp_exporter
+        from entroloop.collectors.otel_exporter import install_tracer_provider, otlp_exporter
 
         class Collect:
             spans = []

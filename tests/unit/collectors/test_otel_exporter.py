@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from collectors.otel_exporter import SpanRecordExporter
+from entroloop.collectors.otel_exporter import SpanRecordExporter
 from entroloop.contract import codec
 from entroloop.contract.records import Span
 from entroloop.contract.settings import load_settings
@@ -112,7 +112,7 @@ def test_export_never_raises_when_the_sink_fails() -> None:
 
 
 def test_request_id_recovered_from_vllm_ids() -> None:
-    from collectors.otel_exporter import request_id_of
+    from entroloop.collectors.otel_exporter import request_id_of
 
     uuid_like = "01a2269f-7704-7bac-a421-ca0953e30012"  # ends in digits: only vLLM's index goes
     assert request_id_of({"gen_ai.request.id": f"cmpl-{uuid_like}-3"}, "f") == uuid_like

@@ -15,7 +15,7 @@ import sys
 import pytest
 from pydantic import SecretStr
 
-from collectors.gateway.app import app_from_settings
+from entroloop.collectors.gateway.app import app_from_settings
 from entroloop.contract.settings import Settings, SettingsError
 
 KEY = "a-test-key-of-enough-length-0123"

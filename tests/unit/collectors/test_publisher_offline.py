@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.publisher import Publisher, PublisherConfig
-from collectors.spool import iter_frames
+from entroloop.collectors.publisher import Publisher, PublisherConfig
+from entroloop.collectors.spool import iter_frames
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Feedback
@@ -145,7 +145,7 @@ def test_records_queued_at_interpreter_exit_land_in_the_spool(tmp_path: Path) ->
 
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from collectors.publisher import Publisher, PublisherConfig
+        from entroloop.collectors.publisher import Publisher, PublisherConfig
         from tests.unit.collectors.test_publisher_offline import feedback_records
         publisher = Publisher(PublisherConfig("127.0.0.1:{closed_port()}", Path({str(tmp_path)!r}),
                                               delivery_timeout_ms=1000, queue_size=1_000_000))

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.spool import (
+from entroloop.collectors.spool import (
     Spool,
     SpoolFull,
     SpoolLocked,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectors.synthetic_fleet import SyntheticFleet
+from entroloop.collectors.synthetic_fleet import SyntheticFleet
 from entroloop.contract.records import Audit, TokenEntropy
 
 

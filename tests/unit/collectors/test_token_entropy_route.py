@@ -4,8 +4,8 @@ the node's default."""
 
 from __future__ import annotations
 
-from collectors.vllm.emit import TokenEntropyEmitter
-from collectors.vllm.ledger import ShippedChunk
+from entroloop.collectors.vllm.emit import TokenEntropyEmitter
+from entroloop.collectors.vllm.ledger import ShippedChunk
 
 
 def _chunk(request_id: str, index: int, final: bool) -> ShippedChunk:

@@ -54,7 +54,7 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
     import torch
     from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
-    from collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+    from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
 
     proc = EntropyTapLogitsProcessor(fake_vllm_config(), torch.device("cpu"), False)
     assert proc.mode == "v1" and proc.is_argmax_invariant() is False
@@ -101,7 +101,7 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
 def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
     import torch
 
-    from collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+    from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
 
     prompt_len = np.zeros(8, dtype=np.int32)
     req_states = SimpleNamespace(device=torch.device("cpu"), max_num_reqs=8, prompt_len=SimpleNamespace(np=prompt_len))
@@ -135,7 +135,7 @@ def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
 def test_disabled_tap_is_inert(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+    from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
 
     monkeypatch.setenv("ENTROLOOP_ENTROPY_TAP_ENABLED", "false")
     proc = EntropyTapLogitsProcessor(fake_vllm_config(), torch.device("cpu"), False)
@@ -146,7 +146,7 @@ def test_disabled_tap_is_inert(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_validate_params_rejects_non_string_ids() -> None:
     from vllm import SamplingParams
 
-    from collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+    from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
 
     EntropyTapLogitsProcessor.validate_params(SamplingParams(extra_args={"entroloop_request_id": "ok"}))
     with pytest.raises(ValueError):
@@ -156,7 +156,7 @@ def test_validate_params_rejects_non_string_ids() -> None:
 def test_entropy_per_row_handles_masked_tokens() -> None:
     import torch
 
-    from collectors.vllm.entropy import entropy_per_row
+    from entroloop.collectors.vllm.entropy import entropy_per_row
 
     logits = torch.randn(4, 64, dtype=torch.bfloat16)
     logits[1, 1:] = float("-inf")  # one token left: entropy exactly 0
@@ -172,7 +172,7 @@ def test_entropy_per_row_is_accurate_at_every_logit_scale(scale: float, shift: f
     """Confident rows (large logits) are where a logsumexp-minus-dot form cancels in float32."""
     import torch
 
-    from collectors.vllm.entropy import entropy_per_row
+    from entroloop.collectors.vllm.entropy import entropy_per_row
 
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(8, 32000, generator=gen) * scale + shift

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from collectors.vllm import bench
-from collectors.vllm.bench import topk_entropy
+from entroloop.collectors.vllm import bench
+from entroloop.collectors.vllm.bench import topk_entropy
 
 
 def logprobs(probs: list[float]) -> dict[int, SimpleNamespace]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.vllm import compat
+from entroloop.collectors.vllm import compat
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -54,7 +54,7 @@ def test_the_tap_warns_at_load_under_another_vllm() -> None:
     """Loading the logits processor (what vLLM does in each engine core) under a vLLM that reports
     another version logs the warning and still loads the class."""
     code = ("import vllm; vllm.__version__ = '0.99.1'\n"
-            "from collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor\n"
+            "from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor\n"
             "print('loaded', EntropyTapLogitsProcessor.__name__)\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

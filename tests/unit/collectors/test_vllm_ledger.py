@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, credit
+from entroloop.collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, credit
 
 
 def value_of(request_id: str, position: int) -> float:

@@ -16,7 +16,7 @@ from entroloop.infra.adapter_routing import (
     routings_from_rows,
 )
 from entroloop.infra.clickhouse.schema import migrate
-from training.publisher import CanaryRouter
+from entroloop.training.publisher import CanaryRouter
 
 KEYS = [f"user-{i}" for i in range(20_000)]
 

@@ -26,7 +26,7 @@ from entroloop.infra.worm.manifest import (
     sha256_hex,
 )
 from entroloop.infra.worm.worm_store import LocalWormStore
-from sinks.audit.parquet_writer import AuditParquetWriter, parquet_bytes
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter, parquet_bytes
 
 TOPIC = Audit.topic
 

@@ -19,8 +19,8 @@ from entroloop.infra.worm.layouts import ACTION_SCHEMA, AUDIT_SCHEMA
 from entroloop.infra.worm.manifest import Manifest
 from entroloop.infra.worm.reader import find_actions, find_records, manifest_files
 from entroloop.infra.worm.worm_store import LocalWormStore
-from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.verify import verify_store
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.audit.verify import verify_store
 from tests.unit.sinks.action_records import KINDS, sample_actions
 from tests.unit.sinks.sink_records import sample_records
 

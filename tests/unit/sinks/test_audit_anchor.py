@@ -31,9 +31,9 @@ from entroloop.infra.worm.checkpoints import (
     load_public_key,
 )
 from entroloop.infra.worm.worm_store import LocalWormStore
-from sinks.audit.checkpointer import Checkpointer, checkpointer_from_settings
-from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.verify import verify_store
+from entroloop.sinks.audit.checkpointer import Checkpointer, checkpointer_from_settings
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.audit.verify import verify_store
 from tests.unit.sinks.audit_attacks import (
     append_forged_batch,
     delete_chain,

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from entroloop.cli import app
 from entroloop.contract.records import Audit
 from entroloop.infra.worm.worm_store import LocalWormStore
-from sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from tests.unit.sinks.sink_records import sample_records
 
 runner = CliRunner()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from entroloop.contract.records import Audit
-from sinks.clickhouse.writer import ClickHouseSink
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from tests.unit.sinks.sink_records import sample_records
 
 

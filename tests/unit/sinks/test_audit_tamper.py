@@ -20,8 +20,8 @@ from entroloop.infra.worm.reader import (
     manifest_files,
 )
 from entroloop.infra.worm.worm_store import LocalWormStore, ObjectExists
-from sinks.audit.parquet_writer import AuditChainError, AuditParquetWriter
-from sinks.audit.verify import verify_store
+from entroloop.sinks.audit.parquet_writer import AuditChainError, AuditParquetWriter
+from entroloop.sinks.audit.verify import verify_store
 from tests.unit.sinks.sink_records import sample_records
 
 TOPIC = Audit.topic

@@ -4,7 +4,7 @@ Issue 12, finding 2: `bad_cases` holds prompt, response and correction text and 
 query it; the user's correction reached it with no redaction step. The audit and the feedback below
 carry raw PII in every free-text field (an audit from a collector without redaction, a correction
 and a comment typed by the user, PII glued to Chinese text); the joiner the pipeline runs
-(`streams.defaults.default_processors`) builds the bad case, the ClickHouse sink stores it, and no
+(`entroloop.streams.defaults.default_processors`) builds the bad case, the ClickHouse sink stores it, and no
 column of the stored row may hold any of it.
 """
 
@@ -15,9 +15,9 @@ import time
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import Audit, BadCase, Feedback
 from entroloop.contract.settings import load_settings
-from sinks.clickhouse.writer import ClickHouseSink
-from streams.bad_cases import BadCaseJoiner
-from streams.defaults import default_processors
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from entroloop.streams.bad_cases import BadCaseJoiner
+from entroloop.streams.defaults import default_processors
 
 PII = {
     "mobile": "13900001111",

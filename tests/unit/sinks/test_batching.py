@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.batching import SinkBackpressure, SinkBatcher, Slice
+from entroloop.sinks.batching import SinkBackpressure, SinkBatcher, Slice
 
 
 class FakeClock:

@@ -11,7 +11,7 @@ import pytest
 import typer
 
 from entroloop.cli.bench_sinks import _baseline_rows_per_s, _write_report
-from sinks import bench
+from entroloop.sinks import bench
 
 
 def test_clickhouse_figure_has_every_stage_and_stores_every_row(chdb_client, ch_database):

@@ -13,12 +13,12 @@ from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Audit, Feedback, Span
-from sinks.clickhouse.poison import (
+from entroloop.sinks.clickhouse.poison import (
     PoisonRecordsError,
     SystemicInsertError,
     insert_isolating_poison,
 )
-from sinks.clickhouse.writer import ClickHouseSink
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 stamper = NodeStamper("node-poison")
 

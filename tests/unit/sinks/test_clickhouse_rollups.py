@@ -20,7 +20,7 @@ from entroloop.infra.clickhouse.schema import (
     available_migrations,
     migrate,
 )
-from sinks.clickhouse.writer import ClickHouseSink
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from tests.unit.sinks.sink_records import sample_records
 
 ROLLUP_TABLES = (
@@ -224,7 +224,7 @@ def test_edited_applied_migration_is_refused(client, database, monkeypatch):
 
 
 def test_batcher_inserts_each_topic_once_and_a_redelivered_cut_is_dropped(client, database):
-    from sinks.batching import SinkBatcher
+    from entroloop.sinks.batching import SinkBatcher
 
     audits = sample_records(90, seed=9)["entroloop.audit.v1"]
     inserts = 0
@@ -244,7 +244,7 @@ def test_batcher_inserts_each_topic_once_and_a_redelivered_cut_is_dropped(client
 
 def test_prefixed_targets_sharing_a_database_keep_apart_and_drop_their_own_redelivery(client, database):
     """Two deployments (topic prefixes) write equal offsets into one database: neither token matches the other."""
-    from sinks.kafka_sink import PrefixedClickHouseTarget
+    from entroloop.sinks.kafka_sink import PrefixedClickHouseTarget
 
     sink = ClickHouseSink(client, database)
     topic = "entroloop.spans.v1"

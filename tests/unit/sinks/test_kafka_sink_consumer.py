@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from collectors.synthetic_fleet import SyntheticFleet
+from entroloop.collectors.synthetic_fleet import SyntheticFleet
 from entroloop.contract import codec
 from entroloop.contract.records import DeadLetter, TokenEntropy
 from entroloop.contract.settings import Settings
-from sinks.batching import Slice
-from sinks.kafka_sink import KafkaSinkConsumer, Pending, format_journal, parse_journal
+from entroloop.sinks.batching import Slice
+from entroloop.sinks.kafka_sink import KafkaSinkConsumer, Pending, format_journal, parse_journal
 
 TOPIC = TokenEntropy.topic
 PREFIX = "t."
@@ -389,8 +389,8 @@ def test_unknown_topic_and_missing_broker_are_refused() -> None:
 
 def test_prefixes_sharing_a_database_do_not_share_dedup_tokens(chdb_client: Any, ch_database: str) -> None:
     """Same topic, partition and offsets under two prefixes are different rows, both kept."""
-    from sinks.clickhouse.writer import ClickHouseSink
-    from sinks.kafka_sink import PrefixedClickHouseTarget
+    from entroloop.sinks.clickhouse.writer import ClickHouseSink
+    from entroloop.sinks.kafka_sink import PrefixedClickHouseTarget
 
     sink = ClickHouseSink(chdb_client, ch_database)
     records = [r for q in SyntheticFleet(seed=9).requests(20) for r in q.records if isinstance(r, TokenEntropy)]

@@ -13,10 +13,10 @@ import pytest
 from entroloop.contract.records import Audit, Feedback
 from entroloop.infra.worm.reader import manifest_files
 from entroloop.infra.worm.worm_store import LocalWormStore
-from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.audit.verify import verify_store
-from sinks.clickhouse.writer import ClickHouseSink
-from sinks.recent_ids import RecentEventIds
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.audit.verify import verify_store
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from entroloop.sinks.recent_ids import RecentEventIds
 from tests.unit.sinks.sink_records import sample_records
 
 

@@ -4,9 +4,9 @@ is still one request to the processors that count requests or join on the answer
 from __future__ import annotations
 
 from entroloop.contract.records import BadCase, Health
-from streams.bad_cases import BadCaseJoiner
-from streams.fallback_rates import FallbackRateMonitor
-from streams.retrain_triggers import RetrainTrigger
+from entroloop.streams.bad_cases import BadCaseJoiner
+from entroloop.streams.fallback_rates import FallbackRateMonitor
+from entroloop.streams.retrain_triggers import RetrainTrigger
 
 from .analytics_records import audit, feedback
 

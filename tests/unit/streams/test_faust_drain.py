@@ -7,7 +7,7 @@ import asyncio
 
 from mode import Service
 
-from streams.faust_drain import eager_wait_first
+from entroloop.streams.faust_drain import eager_wait_first
 
 
 class Consumer(Service):

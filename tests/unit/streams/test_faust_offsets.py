@@ -1,4 +1,4 @@
-"""The guard against Faust's rebalance race (streams.faust_offsets), on Faust's own consumer code.
+"""The guard against Faust's rebalance race (entroloop.streams.faust_offsets), on Faust's own consumer code.
 
 The race, as logged in the rebalance reliability test: after a seek to the committed offset 154,
 Faust's fetch loop still hands over a record fetched at the old position (179), then the records
@@ -17,8 +17,8 @@ import faust
 from faust.types import TP
 
 from entroloop.contract.settings import Settings
-from streams.app import build_streams_app
-from streams.faust_offsets import (
+from entroloop.streams.app import build_streams_app
+from entroloop.streams.faust_offsets import (
     guard_consumer_offsets,
     seek_with_log_start,
     strict_new_offset,

@@ -13,7 +13,7 @@ import pytest
 
 from entroloop.contract.prompts import intent_query
 from entroloop.contract.settings import Settings
-from streams.intent_similarity import (
+from entroloop.streams.intent_similarity import (
     SETTLED_OFF,
     SETTLED_ON,
     IntentHead,

@@ -11,7 +11,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from entroloop.contract.records import Fallback, IntentScore
-from streams.intent_similarity import (
+from entroloop.streams.intent_similarity import (
     IntentSimilarityScorer,
     LabelledPair,
     LRUCache,

@@ -12,8 +12,8 @@ import uuid
 
 from entroloop.contract.records import BadCase, Feedback
 from entroloop.infra.pii import PiiRedactor
-from sinks.clickhouse.writer import ClickHouseSink
-from streams.bad_cases import BadCaseJoiner, encode_entry
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from entroloop.streams.bad_cases import BadCaseJoiner, encode_entry
 
 from .analytics_records import audit, feedback
 

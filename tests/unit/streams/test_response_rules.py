@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from entroloop.contract.records import Alert, Health
-from streams.response_rules import ResponseRuleChecker
+from entroloop.streams.response_rules import ResponseRuleChecker
 
 from .analytics_records import audit
 

@@ -7,7 +7,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from entroloop.contract.records import RetrainRequest
-from streams.retrain_triggers import RetrainTrigger
+from entroloop.streams.retrain_triggers import RetrainTrigger
 
 from .analytics_records import audit, bad_case
 

@@ -1,10 +1,10 @@
-"""streams.rules: one hand-built case per rule, both in check_response and compare."""
+"""entroloop.streams.rules: one hand-built case per rule, both in check_response and compare."""
 
 from __future__ import annotations
 
 import pytest
 
-from streams.rules import (
+from entroloop.streams.rules import (
     AMOUNT_FORMAT,
     COMPLIANCE,
     DATE,

@@ -9,8 +9,8 @@ import pytest
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Alert, DeadLetter, Event, Feedback, Span
-from streams.app import StreamsApp, StreamsConfig, UnsafeConcurrency
-from streams.base import Processor, derive
+from entroloop.streams.app import StreamsApp, StreamsConfig, UnsafeConcurrency
+from entroloop.streams.base import Processor, derive
 
 
 class Echo(Processor):

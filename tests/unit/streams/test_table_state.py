@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from streams.bad_cases import BadCaseJoiner, JoinEntry
-from streams.table_state import TableState
+from entroloop.streams.bad_cases import BadCaseJoiner, JoinEntry
+from entroloop.streams.table_state import TableState
 
 from .analytics_records import audit, feedback
 

@@ -7,8 +7,8 @@ import asyncio
 from collections import namedtuple
 from typing import Any
 
-from streams.app import CommitTracker, WatermarkCadence
-from streams.table_state import TableState, TableStateSpec
+from entroloop.streams.app import CommitTracker, WatermarkCadence
+from entroloop.streams.table_state import TableState, TableStateSpec
 
 TP = namedtuple("TP", "topic partition")
 IN = TP("p.in", 0)

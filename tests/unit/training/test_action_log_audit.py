@@ -10,8 +10,8 @@ from entroloop.contract.records import Action
 from entroloop.contract.settings import Settings
 from entroloop.infra.worm.reader import find_actions
 from entroloop.runner import EmbeddedRunner
-from sinks.audit.verify import verify_store
-from training.actions import RUNBOOK, ActionLog
+from entroloop.sinks.audit.verify import verify_store
+from entroloop.training.actions import RUNBOOK, ActionLog
 
 STEPS = ("job.claimed", "dataset.built", "train.completed", "gate.accepted", "adapter.registered",
          "adapter.loaded", "canary.stage", "canary.stage", "adapter.promoted")

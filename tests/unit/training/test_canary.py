@@ -8,8 +8,8 @@ import pytest
 
 from entroloop.contract.ids import NodeStamper, new_span_id
 from entroloop.contract.records import Alert, Fallback, Span
-from training.actions import ActionLog
-from training.publisher import (
+from entroloop.training.actions import ActionLog
+from entroloop.training.publisher import (
     AdapterPublisher,
     CanaryController,
     CanaryHealth,
@@ -146,7 +146,7 @@ def test_failed_load_unloads_the_servers_already_loaded() -> None:
 
 
 def test_clickhouse_canary_metrics(chdb_client, ch_database) -> None:
-    from sinks.clickhouse.writer import ClickHouseSink
+    from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
     sink = ClickHouseSink(chdb_client, ch_database)
     stamper = NodeStamper("gw")
@@ -179,7 +179,7 @@ def test_canary_without_traffic_is_abandoned() -> None:
 
 def test_promotion_supersedes_the_previous_adapter(tmp_path, chdb_client, ch_database) -> None:
     from entroloop.infra.worm.worm_store import LocalWormStore
-    from training.registry import AdapterRegistry
+    from entroloop.training.registry import AdapterRegistry
 
     actions = ActionLog()
     registry = AdapterRegistry(LocalWormStore(tmp_path), chdb_client, ch_database, actions)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.dataset import (
+from entroloop.training.dataset import (
     CORRECTION,
     REPLAY,
     TrainingData,

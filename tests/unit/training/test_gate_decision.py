@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from training.gate import GateConfig, answer_matches, decide
+from entroloop.training.gate import GateConfig, answer_matches, decide
 
 CFG = GateConfig(min_improvement=0.1, min_pass_rate=0.5, loss_tolerance=0.05)
 

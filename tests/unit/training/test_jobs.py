@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from training.actions import ActionLog
-from training.jobs import JobRunner, JobStore, Step, key_folder_name
+from entroloop.training.actions import ActionLog
+from entroloop.training.jobs import JobRunner, JobStore, Step, key_folder_name
 
 from .training_records import retrain_request
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from entroloop.infra.worm.worm_store import LocalWormStore, ObjectExists
-from training.actions import ActionLog
-from training.registry import AdapterRegistry, ManifestMismatch
+from entroloop.training.actions import ActionLog
+from entroloop.training.registry import AdapterRegistry, ManifestMismatch
 
 
 def _adapter(folder: Path, weights: bytes = b"\x00\x01weights") -> Path:

@@ -12,9 +12,9 @@ import pytest
 
 from entroloop.contract.settings import Settings
 from entroloop.infra.worm.worm_store import LocalWormStore
-from training.actions import ActionLog
-from training.publisher import VllmError, VllmLoraClient
-from training.registry import AdapterRegistry
+from entroloop.training.actions import ActionLog
+from entroloop.training.publisher import VllmError, VllmLoraClient
+from entroloop.training.registry import AdapterRegistry
 
 
 class FakeVllm(BaseHTTPRequestHandler):

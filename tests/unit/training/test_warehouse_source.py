@@ -16,11 +16,11 @@ from entroloop.contract.records import (
     RetrainRequest,
 )
 from entroloop.infra.worm.worm_store import LocalWormStore
-from sinks.audit.parquet_writer import AuditParquetWriter
-from sinks.clickhouse.writer import ClickHouseSink
-from training.dataset import REPLAY, build_dataset
-from training.pipeline import select_training_records, source_records
-from training.sources import WarehouseSource
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from entroloop.training.dataset import REPLAY, build_dataset
+from entroloop.training.pipeline import select_training_records, source_records
+from entroloop.training.sources import WarehouseSource
 
 RAW_EMAIL = "alice.smith@example.com"
 
@@ -100,7 +100,7 @@ def test_cli_picks_the_warehouse_source_in_distributed_mode(chdb_client, ch_data
 
     from entroloop.cli.training import _source
     from entroloop.contract.settings import Settings
-    from training.pipeline import BusSource, JsonLinesSource
+    from entroloop.training.pipeline import BusSource, JsonLinesSource
 
     request, accepted = _fixture(chdb_client, ch_database, tmp_path / "data" / "worm")
     registry = SimpleNamespace(client=chdb_client, database=ch_database)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import Action, Alert
-from streams.actions import ActionRunner, ActionState, WebhookClient, parse_runbook
-from streams.actions.state import DUPLICATE, RATE_LIMITED, RUN, Claim
+from entroloop.streams.actions import ActionRunner, ActionState, WebhookClient, parse_runbook
+from entroloop.streams.actions.state import DUPLICATE, RATE_LIMITED, RUN, Claim
 
 AT = 1_790_000_000.0
 RUNBOOK = """

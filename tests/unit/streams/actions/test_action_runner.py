@@ -19,8 +19,8 @@ from entroloop.contract.records import (
     TokenEntropy,
     pack_entropies,
 )
-from sinks.clickhouse.writer import ClickHouseSink
-from streams.actions import (
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from entroloop.streams.actions import (
     ActionRunner,
     ActionState,
     WebhookClient,
@@ -28,7 +28,7 @@ from streams.actions import (
     load_runbooks,
     parse_runbook,
 )
-from streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
+from entroloop.streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
 
 REPO_RUNBOOKS = load_runbooks(BUILTIN_RUNBOOKS_DIR)
 AT = 1_790_000_000.0

@@ -6,7 +6,7 @@ import socket
 import time
 
 
-from streams.actions.webhook import WebhookClient
+from entroloop.streams.actions.webhook import WebhookClient
 
 
 def test_success_posts_json_with_idempotency_key_and_token(receiver):

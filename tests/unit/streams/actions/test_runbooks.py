@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.actions.runbooks import (
+from entroloop.streams.actions.runbooks import (
     BUILTIN_RUNBOOKS_DIR,
     RunbookError,
     load_runbooks,
@@ -65,7 +65,7 @@ def test_duplicate_names_are_refused(tmp_path):
 
 def test_settings_default_to_the_packaged_runbooks():
     from entroloop.contract.settings import load_settings
-    from streams.actions.runbooks import runbooks_from_settings
+    from entroloop.streams.actions.runbooks import runbooks_from_settings
 
     names = {r.name for r in runbooks_from_settings(load_settings())}
     assert "pause-node-on-gibberish" in names and len(names) == len(list(BUILTIN_RUNBOOKS_DIR.glob("*.yaml")))
@@ -74,7 +74,7 @@ def test_settings_default_to_the_packaged_runbooks():
 @pytest.mark.parametrize("make", ["missing", "empty", "invalid"])
 def test_a_bad_runbook_folder_is_an_error_naming_the_setting_and_the_fix(make, tmp_path):
     from entroloop.contract.settings import load_settings
-    from streams.actions.runbooks import runbooks_from_settings
+    from entroloop.streams.actions.runbooks import runbooks_from_settings
 
     folder = tmp_path / "runbooks"
     if make != "missing":
