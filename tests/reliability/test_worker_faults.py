@@ -18,9 +18,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP
+
 import tests.integration.test_fleet_worker_kafka as fleet_worker
 from entroloop.contract.records import Alert
-from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP
 from tests.reliability.harness import (
     PYTHON,
     REPO_ROOT,
@@ -78,6 +79,7 @@ def test_worker_sigkilled_three_times_mid_stream(kafka_bootstrap: str, topic_pre
     expected = expected_alerts(kafka_bootstrap, topic_prefix)
     reader = fleet_worker.AlertReader(kafka_bootstrap, topic_prefix + Alert.topic)
     kills_at: list[int] = []
+    worker: subprocess.Popen | None = None
     try:
         for kill in range(3):
             if set(expected) <= set(reader.ids):
@@ -103,6 +105,9 @@ def test_worker_sigkilled_three_times_mid_stream(kafka_bootstrap: str, topic_pre
         worker.wait(timeout=60)
     finally:
         reader.consumer.close()
+        if worker is not None and worker.poll() is None:  # a failed assertion must not leave a worker running
+            worker.kill()
+            worker.wait(timeout=30)
     assert complete, fleet_worker.missing_alerts_report(kafka_bootstrap, topic_prefix,
                                                         set(expected) - set(reader.ids), log_path)
     assert kills_at[0] < len(expected), "the first kill should come before the worker finished"
