@@ -28,7 +28,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.trace import StatusCode
 
 from entroloop.contract.ids import NodeStamper
@@ -213,11 +218,15 @@ def otlp_exporter(endpoint: str, protocol: str = "grpc") -> SpanExporter:
     Raises ``ValueError`` for another protocol and ``ImportError`` when the OTLP exporter package
     (``opentelemetry-exporter-otlp``, installed with vLLM and entroloop's gateway/vllm extras) is missing."""
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as Grpc,
+        )
 
         return Grpc(endpoint=endpoint, insecure=True)
     if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as Http,
+        )
 
         return Http(endpoint=endpoint)
     raise ValueError(f"{OTLP_PROTOCOL_ENV}={protocol!r}: use grpc or http/protobuf")

@@ -42,8 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from entroloop.collectors.spool import (
+    FsyncPolicy,
+    Spool,
+    SpoolFull,
+    SpoolLocked,
+    orphan_spools,
+)
 
-from entroloop.collectors.spool import FsyncPolicy, Spool, SpoolFull, SpoolLocked, orphan_spools
 from entroloop.contract import codec
 from entroloop.contract.records import Event
 from entroloop.contract.settings import Settings

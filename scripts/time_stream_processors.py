@@ -23,6 +23,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from entroloop.streams.bad_cases import BadCaseJoiner  # noqa: E402
+from entroloop.streams.base import Processor  # noqa: E402
+from entroloop.streams.entropy_baseline import EntropyBaselineDetector  # noqa: E402
+from entroloop.streams.fallback_rates import FallbackRateMonitor  # noqa: E402
+from entroloop.streams.intent_similarity import IntentSimilarityScorer  # noqa: E402
+from entroloop.streams.response_rules import ResponseRuleChecker  # noqa: E402
+from entroloop.streams.retrain_triggers import RetrainTrigger  # noqa: E402
+
 from entroloop.contract.ids import derived_event_id  # noqa: E402
 from entroloop.contract.records import (  # noqa: E402
     Audit,
@@ -33,13 +41,6 @@ from entroloop.contract.records import (  # noqa: E402
     TokenEntropy,
     pack_entropies,
 )
-from entroloop.streams.bad_cases import BadCaseJoiner  # noqa: E402
-from entroloop.streams.base import Processor  # noqa: E402
-from entroloop.streams.entropy_baseline import EntropyBaselineDetector  # noqa: E402
-from entroloop.streams.fallback_rates import FallbackRateMonitor  # noqa: E402
-from entroloop.streams.intent_similarity import IntentSimilarityScorer  # noqa: E402
-from entroloop.streams.response_rules import ResponseRuleChecker  # noqa: E402
-from entroloop.streams.retrain_triggers import RetrainTrigger  # noqa: E402
 
 T0 = 1_800_000_000.0
 RATE = 5000.0  # requests per second of event time
@@ -172,7 +173,6 @@ def main() -> None:
     ]
     if args.intent_real:
         import torch
-
         from entroloop.streams.intent_similarity import SentenceTransformerEmbedder
 
         torch.set_num_threads(1)

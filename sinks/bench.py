@@ -132,9 +132,10 @@ def clickhouse_rows_per_s(rows: int = 200_000, batch_rows: int = 50_000, client:
 def audit_write_and_verify(events: int = 1_000_000, batch: int = 2_000, partitions: int = 6,
                            progress: Callable[[int], None] | None = None) -> dict[str, float]:
     """Write ``events`` audit records through the WORM Parquet writer, then verify the whole log."""
-    from entroloop.infra.worm.worm_store import LocalWormStore
     from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
     from entroloop.sinks.audit.verify import verify_store
+
+    from entroloop.infra.worm.worm_store import LocalWormStore
 
     with tempfile.TemporaryDirectory(prefix="bench-audit-") as folder:
         store = LocalWormStore(Path(folder) / "worm")

@@ -64,6 +64,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from entroloop.sinks.batching import SinkBatcher, Slice
+
 from entroloop.contract.codec import (
     CodecError,
     EventTimeWindow,
@@ -76,8 +78,13 @@ from entroloop.contract.records import DeadLetter, Event
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
-from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, EVENTS_OUT, INSERT_SECONDS, mark_commit
-from entroloop.sinks.batching import SinkBatcher, Slice
+from entroloop.infra.metrics import (
+    DEAD_LETTERS,
+    EVENTS_IN,
+    EVENTS_OUT,
+    INSERT_SECONDS,
+    mark_commit,
+)
 
 log = logging.getLogger("entroloop.sinks.kafka")
 
@@ -848,10 +855,11 @@ class PrefixedClickHouseTarget:
 
 def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkConsumer:
     """Every topic of the registry into its ClickHouse table (migrations applied first)."""
+    from entroloop.sinks.clickhouse.writer import ClickHouseSink
+
     from entroloop.contract.topics import TOPICS
     from entroloop.infra.clickhouse.client import connect
     from entroloop.infra.quarantine import quarantine_from_settings
-    from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
     client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
     # dead letters' raw bytes go to the write-once quarantine beside the audit log, never to the table
@@ -863,9 +871,10 @@ def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkCon
 def audit_sink_consumer(settings: Settings, create_bucket: bool = False, **options: Any) -> KafkaSinkConsumer:
     """The audit and actions topics into write-once Parquet files with hash-chained manifests
     (one chain per topic partition, so audit and action records never share a chain)."""
-    from entroloop.infra.worm.stores import open_worm_store
     from entroloop.sinks.audit.checkpointer import checkpointer_from_settings
     from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+
+    from entroloop.infra.worm.stores import open_worm_store
 
     options.setdefault("max_rows", settings.audit_batch_records)
     worm = open_worm_store(settings, create_bucket=create_bucket)

@@ -62,17 +62,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+from entroloop.streams.base import Processor
+from entroloop.streams.faust_drain import install_eager_drain
+from entroloop.streams.faust_offsets import guard_consumer_offsets
+from entroloop.streams.table_state import TableState, TableStateSpec
 
 from entroloop.contract.codec import CodecError, dead_letter_fields, decode, encode
 from entroloop.contract.ids import NodeStamper, derived_event_id
 from entroloop.contract.records import DeadLetter, Event, Health
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
-from entroloop.infra.metrics import CONSUMER_LAG, DEAD_LETTERS, EVENTS_IN, EVENTS_OUT, LAST_COMMIT
-from entroloop.streams.base import Processor
-from entroloop.streams.faust_drain import install_eager_drain
-from entroloop.streams.faust_offsets import guard_consumer_offsets
-from entroloop.streams.table_state import TableState, TableStateSpec
+from entroloop.infra.metrics import (
+    CONSUMER_LAG,
+    DEAD_LETTERS,
+    EVENTS_IN,
+    EVENTS_OUT,
+    LAST_COMMIT,
+)
 
 log = logging.getLogger(__name__)
 
@@ -503,8 +509,9 @@ class StreamsApp:
     # --- running -------------------------------------------------------------------------------
     def ensure_topics(self) -> list[str]:
         """Create every v1 topic (with the prefix) that does not exist yet."""
-        from entroloop.infra.kafka_topics import ensure_topics
         from entroloop.streams.changelog_topics import ensure_changelog_topics
+
+        from entroloop.infra.kafka_topics import ensure_topics
 
         created = ensure_topics(self.config.bootstrap, self.config.topic_prefix, self.config.partitions)
         changelogs = [state.table.changelog_topic.get_topic_name() for state in self.table_states.values()]

@@ -26,14 +26,22 @@ from collections.abc import Iterable, MutableMapping, Sequence
 from typing import ClassVar
 
 import msgspec
+from entroloop.streams.base import Processor, derive
+from entroloop.streams.correction_labels import quantities_in
+from entroloop.streams.rules import (
+    _CJK,
+    FACT,
+    OTHER,
+    ResponseRules,
+    Token,
+    date_spans,
+    tokenize,
+)
+from entroloop.streams.table_state import TableStateSpec
 
 from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, Event, Feedback
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor, redactor_for_service
-from entroloop.streams.base import Processor, derive
-from entroloop.streams.correction_labels import quantities_in
-from entroloop.streams.rules import _CJK, FACT, OTHER, ResponseRules, Token, date_spans, tokenize
-from entroloop.streams.table_state import TableStateSpec
 
 _CJK_CHAR = re.compile(f"[{_CJK}]")
 

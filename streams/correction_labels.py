@@ -33,7 +33,6 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import msgspec
-
 from entroloop.streams.rules import (
     AMOUNT_FORMAT,
     COMPLIANCE,

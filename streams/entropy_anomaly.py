@@ -41,15 +41,15 @@ from typing import ClassVar
 
 import msgspec
 import numpy as np
+from entroloop.streams.base import Processor, derive
+from entroloop.streams.entropy_evidence import EntropyEvidence
+from entroloop.streams.periodicity import Stretch, periodic_stretches
+from entroloop.streams.table_state import TableStateSpec
 
 from entroloop.contract.codec import decode, encode
 from entroloop.contract.records import Alert, DeadLetter, Event, TokenEntropy
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import partition_for
-from entroloop.streams.base import Processor, derive
-from entroloop.streams.entropy_evidence import EntropyEvidence
-from entroloop.streams.periodicity import Stretch, periodic_stretches
-from entroloop.streams.table_state import TableStateSpec
 
 LOOP = "repetition_loop"
 GIBBERISH = "gibberish"

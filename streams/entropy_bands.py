@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import msgspec
 import numpy as np
-
 from entroloop.streams.entropy_baseline import HistogramQuantileSketch
 
 

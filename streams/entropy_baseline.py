@@ -21,10 +21,10 @@ from collections.abc import Sequence
 
 import msgspec
 import numpy as np
+from entroloop.streams.base import Processor, derive
 
 from entroloop.contract.records import Alert, Event, TokenEntropy
 from entroloop.contract.settings import Settings
-from entroloop.streams.base import Processor, derive
 
 RULE = "entropy_baseline_shift"
 

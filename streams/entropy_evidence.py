@@ -25,9 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from entroloop.contract.records import Alert, Event
-from entroloop.contract.settings import Settings
 from entroloop.streams.entropy_bands import EntropyBands, sustained
 from entroloop.streams.periodicity import (
     Stretch,
@@ -35,6 +32,9 @@ from entroloop.streams.periodicity import (
     find_entropy_period,
     find_id_period,
 )
+
+from entroloop.contract.records import Alert, Event
+from entroloop.contract.settings import Settings
 
 LOOP_RULE = "repetition_loop"
 """entroloop.streams.entropy_anomaly.LOOP (not imported from there: that module imports this one)."""

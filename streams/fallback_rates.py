@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from entroloop.contract.records import Alert, Audit, Event, Fallback, Health
-from entroloop.contract.settings import Settings
 from entroloop.streams.base import Processor, derive
 from entroloop.streams.windowing import synthesize, window_start
+
+from entroloop.contract.records import Alert, Audit, Event, Fallback, Health
+from entroloop.contract.settings import Settings
 
 MINUTE = 60.0
 HOP_WINDOW_MINUTES = 5

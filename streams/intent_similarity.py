@@ -33,10 +33,6 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
-
-from entroloop.contract.prompts import intent_query
-from entroloop.contract.records import Audit, Event, Fallback, IntentScore
-from entroloop.contract.settings import Settings
 from entroloop.streams.base import Processor, derive
 from entroloop.streams.embedders import (  # re-exported: the embedders used to live here
     Embedder,
@@ -46,6 +42,10 @@ from entroloop.streams.embedders import (  # re-exported: the embedders used to 
     embed_side,
     make_embedder,
 )
+
+from entroloop.contract.prompts import intent_query
+from entroloop.contract.records import Audit, Event, Fallback, IntentScore
+from entroloop.contract.settings import Settings
 
 # The head trained by scripts/train_intent_head.py on tests/data/intent/train.jsonl.
 DEFAULT_HEAD_PATH = Path(__file__).with_name("intent_head.json")

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from entroloop.contract.records import Alert, Audit, Event, Health
-from entroloop.contract.settings import Settings
 from entroloop.streams.base import Processor, derive
 from entroloop.streams.rules import COMPLIANCE, ResponseRules
 from entroloop.streams.windowing import synthesize, window_start
+
+from entroloop.contract.records import Alert, Audit, Event, Health
+from entroloop.contract.settings import Settings
 
 
 class ResponseRuleChecker(Processor):

@@ -17,10 +17,11 @@ other condition, a redelivered bad case or a replay never emits a second one for
 
 from __future__ import annotations
 
-from entroloop.contract.records import Audit, BadCase, Event, RetrainRequest
-from entroloop.contract.settings import Settings
 from entroloop.streams.base import Processor
 from entroloop.streams.windowing import synthesize, window_start
+
+from entroloop.contract.records import Audit, BadCase, Event, RetrainRequest
+from entroloop.contract.settings import Settings
 
 NOT_CATEGORIES = frozenset({"regression"})
 

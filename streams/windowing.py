@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any, TypeVar
 
+from entroloop.streams.base import SEQ_FANOUT
+
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import Event
-from entroloop.streams.base import SEQ_FANOUT
 
 E = TypeVar("E", bound=Event)
 

@@ -33,12 +33,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from entroloop.training.jobs import Job, JobBusy, JobRunner
+
 from entroloop.contract.codec import CodecError, dead_letter_fields, decode
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event, RetrainRequest
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
 from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, mark_commit
-from entroloop.training.jobs import Job, JobBusy, JobRunner
 
 log = logging.getLogger("entroloop.training.consumer")
 

@@ -102,7 +102,6 @@ def pass_rate(model: Any, tokenizer: Any, suite: Sequence[Example], extra_tokens
               failures: list[dict[str, str]] | None = None) -> float:
     """Share of ``suite`` whose greedy answer matches the correction."""
     import torch
-
     from entroloop.training.modeling import completion_ids, prompt_ids
 
     if not suite:
@@ -134,9 +133,8 @@ class RegressionGate:
         self.config = config
 
     def _model(self, adapter_dir: Path | None) -> Any:
-        from peft import PeftModel
-
         from entroloop.training.modeling import load_base_model
+        from peft import PeftModel
 
         base = load_base_model(self.base_model)
         if adapter_dir is None:

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from entroloop.training.actions import ActionLog
 
 from entroloop.contract.records import RetrainRequest
-from entroloop.training.actions import ActionLog
 
 TERMINAL_STATES = frozenset({"accepted", "rejected", "failed"})
 

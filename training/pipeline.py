@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
+from entroloop.training.dataset import TrainingData, build_dataset
+from entroloop.training.jobs import Job, Step
 
 from entroloop.contract.records import (
     AnyRecord,
@@ -28,8 +30,6 @@ from entroloop.contract.records import (
     Feedback,
     RetrainRequest,
 )
-from entroloop.training.dataset import TrainingData, build_dataset
-from entroloop.training.jobs import Job, Step
 
 
 class RecordSource(Protocol):

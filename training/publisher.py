@@ -30,8 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from entroloop.infra.adapter_routing import AdapterRouting, bucket
 from entroloop.training.actions import ActionLog
+
+from entroloop.infra.adapter_routing import AdapterRouting, bucket
 
 
 class VllmError(RuntimeError):

@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from entroloop.training.actions import ActionLog
+
 from entroloop.infra.adapter_routing import read_routings
 from entroloop.infra.worm.worm_store import WormStore
-from entroloop.training.actions import ActionLog
 
 MANIFEST_VERSION = 1
 # "superseded": a promoted adapter replaced by a newer promoted one (so "promoted" means current).

@@ -31,7 +31,13 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, Event, RetrainRequest
+from entroloop.contract.records import (
+    NEGATIVE_RATING,
+    Audit,
+    BadCase,
+    Event,
+    RetrainRequest,
+)
 
 AUDIT_FIELDS = tuple(f for f in Audit.__struct_fields__)
 BAD_CASE_COLUMNS = ("event_id", "emitted_at", "node_id", "seq", "request_id", "trace_id", "model", "route",

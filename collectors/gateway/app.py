@@ -27,10 +27,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.routing import Route
-
 from entroloop.collectors.gateway.admin import (
     AdminApi,
     AdminRouting,
@@ -38,14 +34,26 @@ from entroloop.collectors.gateway.admin import (
     PauseMiddleware,
     TierRedirect,
 )
-from entroloop.collectors.gateway.auth import INFERENCE_PATHS, AuthMiddleware, GatewayConfigError
+from entroloop.collectors.gateway.auth import (
+    INFERENCE_PATHS,
+    AuthMiddleware,
+    GatewayConfigError,
+)
 from entroloop.collectors.gateway.completions import AUDITED_PATHS, Gateway, Publish
 from entroloop.collectors.gateway.config import GatewayConfig
 from entroloop.collectors.gateway.feedback import FEEDBACK_PATH, FeedbackEndpoint
 from entroloop.collectors.gateway.limits import BodyLimitMiddleware
-from entroloop.collectors.gateway.metrics import MetricsEndpoint, RequestCounter, counted
+from entroloop.collectors.gateway.metrics import (
+    MetricsEndpoint,
+    RequestCounter,
+    counted,
+)
 from entroloop.collectors.gateway.request_ids import RequestIdMiddleware
 from entroloop.collectors.gateway.routing import RoutingTable
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor, redactor_for_service
 

@@ -11,9 +11,9 @@ entity is ever split before it is found). ``entroloop audit get`` joins them bac
 from __future__ import annotations
 
 import msgspec
-
 from entroloop.collectors.gateway import capture
 from entroloop.collectors.gateway.exchange import Exchange
+
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper, uuid7
 from entroloop.contract.records import (

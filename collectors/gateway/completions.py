@@ -36,10 +36,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-from starlette.background import BackgroundTask
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-
 from entroloop.collectors.gateway import capture, passthrough
 from entroloop.collectors.gateway.audit_records import build_records
 from entroloop.collectors.gateway.config import GatewayConfig
@@ -53,6 +49,10 @@ from entroloop.collectors.gateway.params import InvalidRequest, parse_body
 from entroloop.collectors.gateway.routing import RoutingTable
 from entroloop.collectors.gateway.streaming import StreamCollector, error_event
 from entroloop.collectors.gateway.tracing import GatewayTracing
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
 from entroloop.contract.ids import NodeStamper, uuid7
 from entroloop.contract.records import Event
 from entroloop.infra.pii import PiiRedactor

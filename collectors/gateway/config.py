@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from entroloop.collectors.gateway.auth import AccessPolicy, ApiKeys
+
 from entroloop.contract.settings import Settings
 
 

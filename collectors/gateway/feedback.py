@@ -24,11 +24,11 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
+from entroloop.collectors.gateway.completions import Publish
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from entroloop.collectors.gateway.completions import Publish
 from entroloop.contract.ids import NodeStamper, derived_event_id, uuid7
 from entroloop.contract.records import RATING_MAX, RATING_MIN, Feedback
 from entroloop.infra.pii import PiiRedactor

@@ -35,14 +35,6 @@ import os
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
 from entroloop.collectors.gateway.auth import GatewayConfigError
 from entroloop.collectors.gateway.exchange import Exchange
 from entroloop.collectors.otel_exporter import (
@@ -55,6 +47,14 @@ from entroloop.collectors.otel_exporter import (
     otlp_exporter,
     span_to_record,
 )
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Span
 

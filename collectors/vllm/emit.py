@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from entroloop.collectors.vllm.ledger import ShippedChunk
+
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper, new_trace_id
 from entroloop.contract.records import TokenEntropy, pack_entropies, pack_token_hashes

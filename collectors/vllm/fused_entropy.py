@@ -32,7 +32,6 @@ import math
 from collections.abc import Callable
 
 import torch
-
 from entroloop.collectors.vllm.entropy import entropy_per_row
 
 log = logging.getLogger(__name__)

@@ -12,10 +12,15 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
-
 from entroloop.collectors.vllm.entropy import HostTransfer
 from entroloop.collectors.vllm.fused_entropy import entropy_function
-from entroloop.collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, ShippedChunk, credit
+from entroloop.collectors.vllm.ledger import (
+    AddedRow,
+    MovedRow,
+    RowLedger,
+    ShippedChunk,
+    credit,
+)
 
 log = logging.getLogger(__name__)
 

@@ -41,6 +41,7 @@ from entroloop.collectors.vllm.compat import warn_if_unsupported
 from entroloop.collectors.vllm.emit import TokenEntropyEmitter, resolve_sink
 from entroloop.collectors.vllm.ledger import AddedRow, MovedRow
 from entroloop.collectors.vllm.tap import EntropyTap
+
 from entroloop.contract.ids import uuid7
 from entroloop.contract.settings import load_settings
 

@@ -17,8 +17,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from entroloop.collectors.vllm.bench import Workload, cached_model, round_figures, run_round
 from entroloop.benchmarks.repeats import DEFAULT_RUNS, repeat, repeat_many
+from entroloop.collectors.vllm.bench import (
+    Workload,
+    cached_model,
+    round_figures,
+    run_round,
+)
 
 LOGIT_SCALE = 20.0
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from entroloop.collectors.synthetic_fleet import SyntheticFleet
 from entroloop.benchmarks import intent as intent_bench
 from entroloop.benchmarks.report import Figure
+from entroloop.collectors.synthetic_fleet import SyntheticFleet
 from entroloop.contract.records import (
     Alert,
     Audit,

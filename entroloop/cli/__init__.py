@@ -11,7 +11,11 @@ import sys
 
 import typer
 
-from entroloop.cli.extras import extra_for, missing_extra_message, unavailable_commands_message
+from entroloop.cli.extras import (
+    extra_for,
+    missing_extra_message,
+    unavailable_commands_message,
+)
 
 app = typer.Typer(
     name="entroloop",

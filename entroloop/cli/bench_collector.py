@@ -43,8 +43,8 @@ def collector(
         console.print("[red]entroloop bench collector needs the ML environment: bash scripts/install_ml_env.sh, "
                       "then .venv-ml/bin/entroloop bench collector[/red]")
         raise typer.Exit(2)
-    from entroloop.collectors.vllm import bench
     from entroloop.benchmarks import collector as rounds
+    from entroloop.collectors.vllm import bench
 
     shapes = shape or list(bench.SHAPES)
     unknown = [s for s in shapes if s not in bench.SHAPES]

@@ -89,9 +89,8 @@ def register(app: typer.Typer) -> None:
         Scale by starting more workers (up to the partition count); each agent runs one actor per
         process (the faust-streaming issue 606 guard).
         """
-        from entroloop.streams.app import build_streams_app
-
         from entroloop.infra.metrics import serve_metrics
+        from entroloop.streams.app import build_streams_app
 
         settings = distributed_settings(broker, topic_prefix)
         serve_metrics(settings.metrics_port)

@@ -94,7 +94,10 @@ def register(app: typer.Typer) -> None:
         can feed them through again). With --broker the same fleet goes through a real Kafka
         broker, an `entroloop worker` process and the two sink processes.
         """
-        from entroloop.collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
+        from entroloop.collectors.synthetic_fleet import (
+            SyntheticFleet,
+            malformed_payloads,
+        )
 
         settings = _settings(data_dir)
         path = Path(settings.data_dir)

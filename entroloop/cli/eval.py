@@ -226,7 +226,11 @@ def corrections(file: InputFile, as_json: AsJson = False, predictions: Predictio
     from entroloop.cli.common import settings_or_exit
     from entroloop.contract.ids import uuid7
     from entroloop.contract.records import Audit, Feedback
-    from entroloop.streams.bad_cases import REGRESSION_LABEL, BadCaseJoiner, minimal_failing_span
+    from entroloop.streams.bad_cases import (
+        REGRESSION_LABEL,
+        BadCaseJoiner,
+        minimal_failing_span,
+    )
 
     try:
         lines = read_jsonl(file, CorrectionLine)
@@ -344,7 +348,11 @@ def entropy(file: InputFile, as_json: AsJson = False, predictions: Predictions =
     """
     from entroloop.cli.common import settings_or_exit
     from entroloop.contract.records import Alert
-    from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
+    from entroloop.streams.entropy_anomaly import (
+        GIBBERISH,
+        LOOP,
+        EntropyAnomalyDetector,
+    )
     from entroloop.streams.entropy_baseline import EntropyBaselineDetector
 
     try:

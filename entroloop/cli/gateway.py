@@ -41,7 +41,10 @@ def gateway(
     try:
         import uvicorn
 
-        from entroloop.collectors.gateway.app import GatewayConfigError, app_from_settings
+        from entroloop.collectors.gateway.app import (
+            GatewayConfigError,
+            app_from_settings,
+        )
     except ImportError as exc:
         console.print(f"[red]{exc}: install the gateway extra: pip install 'entroloop[gateway]'[/red]")
         raise typer.Exit(2) from None

@@ -38,7 +38,13 @@ def register(app: typer.Typer) -> None:
         Reads the embedded ClickHouse of DATA_DIR (or ENTROLOOP_CLICKHOUSE_DSN). Every section covers the window given by --since and --until (default: everything stored). The page needs nothing else: no Grafana, no network.
         """
         from entroloop.infra.clickhouse.client import connect
-        from entroloop.report import EntropyThresholds, ReportWindow, WindowError, load_report_data, render_page
+        from entroloop.report import (
+            EntropyThresholds,
+            ReportWindow,
+            WindowError,
+            load_report_data,
+            render_page,
+        )
 
         try:
             window = ReportWindow.parse(since, until)

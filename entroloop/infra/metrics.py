@@ -16,7 +16,14 @@ from __future__ import annotations
 import logging
 import time
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 log = logging.getLogger(__name__)
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from entroloop.sinks.audit.checkpointer import Checkpointer
+from entroloop.sinks.recent_ids import RecentEventIds
 
 from entroloop.contract.records import Audit, Event
 from entroloop.infra.worm.checkpoints import AnchoredHead
@@ -54,8 +56,6 @@ from entroloop.infra.worm.manifest import (
     sha256_hex,
 )
 from entroloop.infra.worm.worm_store import ObjectExists, WormStore
-from entroloop.sinks.audit.checkpointer import Checkpointer
-from entroloop.sinks.recent_ids import RecentEventIds
 
 WrittenFile = FileEntry  # the name the first writer used
 

@@ -19,13 +19,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from entroloop.sinks.clickhouse.arrow_rows import Column, build_table
+from entroloop.sinks.clickhouse.poison import (
+    PoisonRecordsError,
+    insert_isolating_poison,
+)
+from entroloop.sinks.recent_ids import RecentEventIds
+
 from entroloop.contract.records import Event
 from entroloop.contract.topics import TOPIC_BY_NAME
 from entroloop.infra.clickhouse.schema import migrate
 from entroloop.infra.quarantine import Quarantine, strip_payloads
-from entroloop.sinks.clickhouse.arrow_rows import Column, build_table
-from entroloop.sinks.clickhouse.poison import PoisonRecordsError, insert_isolating_poison
-from entroloop.sinks.recent_ids import RecentEventIds
 
 # on_poison(index, record, reason): ``records[index]`` of an insert was refused on its own
 OnPoison = Callable[[int, Event, str], None]

@@ -27,6 +27,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from entroloop.streams.actions.runner import ActionRunner
+
 from entroloop.contract.codec import decode
 from entroloop.contract.records import Action, Alert, Event
 from entroloop.contract.topics import topic_of
@@ -36,7 +38,6 @@ from entroloop.infra.kafka_record_loop import (
     RecordConsumer,
 )
 from entroloop.infra.metrics import ACTIONS, EVENTS_OUT
-from entroloop.streams.actions.runner import ActionRunner
 
 log = logging.getLogger(__name__)
 

@@ -39,9 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from entroloop.contract.codec import encode
-from entroloop.contract.ids import derived_event_id
-from entroloop.contract.records import Action, Alert, Event, RetrainRequest
 from entroloop.streams.actions.case_bundle import (
     BUNDLE_FORMAT,
     Query,
@@ -56,6 +53,10 @@ from entroloop.streams.actions.state import DUPLICATE, ActionState, Claim
 from entroloop.streams.actions.state import RATE_LIMITED as DECIDED_RATE_LIMITED
 from entroloop.streams.actions.webhook import WebhookClient
 from entroloop.streams.base import Processor, derive
+
+from entroloop.contract.codec import encode
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import Action, Alert, Event, RetrainRequest
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from entroloop.training.publisher import VllmError, VllmLoraClient
 
 

@@ -14,14 +14,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from entroloop.contract.ids import NodeStamper
-from entroloop.contract.records import Alert, Audit, Event, Feedback, Span, TokenEntropy, pack_entropies
-from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.report.window import ReportWindow
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from entroloop.streams.bad_cases import BadCaseJoiner
 from entroloop.training.actions import ActionLog
 from entroloop.training.registry import AdapterRegistry
+
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import (
+    Alert,
+    Audit,
+    Event,
+    Feedback,
+    Span,
+    TokenEntropy,
+    pack_entropies,
+)
+from entroloop.infra.worm.worm_store import LocalWormStore
+from entroloop.report.window import ReportWindow
 
 T0 = 1_790_000_000.0  # 2026-09-21 UTC
 EARLY, LATE = T0, T0 + 1_000.0

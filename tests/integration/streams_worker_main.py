@@ -11,9 +11,10 @@ from __future__ import annotations
 import sys
 import time
 
-from entroloop.contract.records import Alert, Event, Feedback
 from entroloop.streams.app import StreamsApp, StreamsConfig
 from entroloop.streams.base import Processor, derive
+
+from entroloop.contract.records import Alert, Event, Feedback
 
 
 class SeenRecorder(Processor):

@@ -9,6 +9,9 @@ import hashlib
 import time
 from pathlib import Path
 
+from entroloop.sinks.audit.verify import verify_store
+from entroloop.streams.actions import load_runbooks
+from entroloop.streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
 
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import (
@@ -22,9 +25,6 @@ from entroloop.contract.records import (
 from entroloop.contract.settings import Settings
 from entroloop.infra.worm.reader import find_actions
 from entroloop.runner import EmbeddedRunner
-from entroloop.sinks.audit.verify import verify_store
-from entroloop.streams.actions import load_runbooks
-from entroloop.streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOKS = load_runbooks(BUILTIN_RUNBOOKS_DIR)

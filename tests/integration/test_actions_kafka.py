@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from entroloop.streams.actions import ActionRunner
 
 from entroloop.contract import codec
 from entroloop.contract.records import Action, Alert, DeadLetter, RetrainRequest
 from entroloop.contract.settings import load_settings
 from entroloop.contract.topics import TOPIC_BY_TYPE
 from entroloop.infra.kafka_topics import ensure_topics
-from entroloop.streams.actions import ActionRunner
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_publisher_kafka import consume_all
 

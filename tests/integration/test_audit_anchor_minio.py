@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import pytest
 from botocore.exceptions import ClientError
+from entroloop.sinks.audit.checkpointer import checkpointer_from_settings
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract.records import Audit
 from entroloop.contract.settings import load_settings
@@ -21,9 +24,6 @@ from entroloop.infra.worm.checkpoints import (
 )
 from entroloop.infra.worm.manifest import Head, Manifest
 from entroloop.infra.worm.s3_store import S3WormStore
-from entroloop.sinks.audit.checkpointer import checkpointer_from_settings
-from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
-from entroloop.sinks.audit.verify import verify_store
 from tests.integration.minio_fixtures import (  # noqa: F401  (fixtures)
     locked_bucket,
     minio_endpoint,

@@ -14,12 +14,12 @@ import time
 
 import pytest
 from botocore.exceptions import ClientError
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract.records import Audit
 from entroloop.infra.worm.s3_store import S3WormStore
 from entroloop.infra.worm.worm_store import ObjectExists
-from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
-from entroloop.sinks.audit.verify import verify_store
 from tests.integration.minio_fixtures import (  # noqa: F401  (fixtures)
     locked_bucket,
     minio_endpoint,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 from confluent_kafka import Producer
+from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract import codec
 from entroloop.contract.records import Action, Audit
@@ -22,7 +23,6 @@ from entroloop.contract.topics import partition_for
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.reader import find_actions
 from entroloop.infra.worm.s3_store import S3WormStore
-from entroloop.sinks.audit.verify import verify_store
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.minio_fixtures import (  # noqa: F401  (fixtures)
     ACCESS_KEY,

@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-
 from entroloop.collectors.synthetic_fleet import SyntheticFleet
-from entroloop.contract.records import TokenEntropy
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
+
+from entroloop.contract.records import TokenEntropy
 
 
 @pytest.fixture(scope="module")

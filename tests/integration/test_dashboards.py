@@ -10,7 +10,13 @@ import pytest
 import yaml
 
 from dashboards import generate
-from dashboards.macros import TimeRange, annotation_queries, duration_s, iter_panels, query_variables
+from dashboards.macros import (
+    TimeRange,
+    annotation_queries,
+    duration_s,
+    iter_panels,
+    query_variables,
+)
 from tests.integration.demo_folder import REPO_ROOT, demo_data_dir, run_module  # noqa: F401 - fixture
 
 DASHBOARD_DIR = REPO_ROOT / "dashboards" / "json"

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import (
@@ -28,7 +29,6 @@ from entroloop.contract.records import (
 )
 from entroloop.contract.settings import Settings
 from entroloop.infra.kafka_topics import ensure_topics
-from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from tests.integration.test_bad_case_join_restart import (
     APP_ID,
     committed_total,

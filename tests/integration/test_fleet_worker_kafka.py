@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
+from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
@@ -23,7 +24,6 @@ from entroloop.cli import app as cli
 from entroloop.contract import codec
 from entroloop.contract.records import Alert, TokenEntropy
 from entroloop.contract.settings import Settings
-from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from tests.integration.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.kafka

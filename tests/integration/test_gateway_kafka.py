@@ -13,9 +13,9 @@ from pathlib import Path
 import msgspec
 import pytest
 from confluent_kafka import Consumer
+from entroloop.collectors.gateway.app import app_from_settings
 from starlette.testclient import TestClient
 
-from entroloop.collectors.gateway.app import app_from_settings
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span, TokenEntropy
 from entroloop.contract.settings import load_settings

@@ -17,20 +17,20 @@ import time
 from pathlib import Path
 
 import pytest
-from starlette.testclient import TestClient
-
 from entroloop.collectors.gateway.app import GatewayConfig, create_app
 from entroloop.collectors.gateway.routing import RoutingTable
-from entroloop.infra.pii import PiiRedactor
+from entroloop.training.actions import ActionLog
+from entroloop.training.registry import AdapterRegistry
+from starlette.testclient import TestClient
+
 from entroloop.contract.records import Audit
 from entroloop.contract.settings import Settings
 from entroloop.infra.adapter_routing import AdapterRouting
+from entroloop.infra.pii import PiiRedactor
 from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.integration import lora_vllm_server
 from tests.integration.training_fixtures import MODEL, tiny_base_model  # noqa: F401 - fixture
 from tests.unit.collectors.flaky_clickhouse import FlakyClickHouseClient
-from entroloop.training.actions import ActionLog
-from entroloop.training.registry import AdapterRegistry
 
 pytestmark = [pytest.mark.vllm, pytest.mark.training]
 

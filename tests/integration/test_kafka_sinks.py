@@ -23,16 +23,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from confluent_kafka import Producer
-
 from entroloop.collectors.synthetic_fleet import SyntheticFleet
+from entroloop.sinks.audit.verify import verify_store
+from prometheus_client.parser import text_string_to_metric_families
+
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, DeadLetter, TokenEntropy
 from entroloop.contract.topics import TOPIC_BY_NAME, partition_for
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.verify import verify_store
 from tests.integration.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
@@ -247,8 +247,9 @@ def test_sink_without_broker_setting_says_what_to_set(tmp_path: Path) -> None:
 def test_a_pending_batch_member_is_read_back_from_kafka_by_offsets(kafka_bootstrap: str, topic_prefix: str) -> None:
     """A batch member this sink does not hold (another sink owns that partition, or the cut left it
     out) is read again from the broker, exactly its offsets, without joining the group."""
-    from entroloop.contract.settings import Settings
     from entroloop.sinks.kafka_sink import KafkaSinkConsumer
+
+    from entroloop.contract.settings import Settings
 
     ensure_topics(kafka_bootstrap, topic_prefix, 2)
     records = [r for q in SyntheticFleet(seed=31).requests(20) for r in q.records if isinstance(r, TokenEntropy)][:20]

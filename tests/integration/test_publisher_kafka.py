@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-
 from entroloop.collectors.publisher import Publisher, PublisherConfig
+
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper, new_trace_id
 from entroloop.contract.records import Event, Feedback, Span

@@ -9,11 +9,18 @@ import re
 import uuid
 
 import pytest
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 from entroloop.report import ReportWindow, load_report_data, render_page
-from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from tests.integration.chromium import dump_dom
-from tests.integration.report_store import EARLY, LATE, LATE_WINDOW, SCRIPT, ReportStore, fill
+from tests.integration.report_store import (
+    EARLY,
+    LATE,
+    LATE_WINDOW,
+    SCRIPT,
+    ReportStore,
+    fill,
+)
 
 
 @pytest.fixture(scope="module")

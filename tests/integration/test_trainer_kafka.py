@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from entroloop.training.jobs import JobStore
 
 from entroloop.contract import codec
 from entroloop.contract.records import Action, DeadLetter, RetrainRequest
@@ -22,7 +23,6 @@ from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_publisher_kafka import consume_all
 from tests.unit.training.training_records import feedback, retrain_request
-from entroloop.training.jobs import JobStore
 
 pytestmark = pytest.mark.kafka
 

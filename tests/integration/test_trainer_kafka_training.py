@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from entroloop.training.dataset import build_dataset
+from entroloop.training.pipeline import select_training_records
 
 from entroloop.contract import codec
 from entroloop.contract.records import Action, RetrainRequest
@@ -28,8 +30,6 @@ from tests.integration.training_fixtures import (
     tiny_base_model,  # noqa: F401 - fixture
     write_jsonl,
 )
-from entroloop.training.dataset import build_dataset
-from entroloop.training.pipeline import select_training_records
 
 pytestmark = [pytest.mark.training, pytest.mark.kafka]
 

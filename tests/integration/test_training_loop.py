@@ -14,6 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from entroloop.training.actions import ActionLog
+from entroloop.training.dataset import CORRECTION, TrainingData
+from entroloop.training.jobs import JobRunner, JobStore
+from entroloop.training.pipeline import JsonLinesSource, MemorySource, TrainingPipeline
+from entroloop.training.registry import AdapterRegistry
 
 from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.integration.training_fixtures import (
@@ -27,11 +32,6 @@ from tests.integration.training_fixtures import (
     training_settings,
     write_jsonl,
 )
-from entroloop.training.actions import ActionLog
-from entroloop.training.dataset import CORRECTION, TrainingData
-from entroloop.training.jobs import JobRunner, JobStore
-from entroloop.training.pipeline import JsonLinesSource, MemorySource, TrainingPipeline
-from entroloop.training.registry import AdapterRegistry
 
 pytestmark = pytest.mark.training
 
@@ -59,9 +59,12 @@ def test_job_learns_corrections_passes_gate_and_is_registered(tmp_path, tiny_bas
     results = status["results"]
 
     # The loss on the corrections falls (measured with the same code before and after).
+    from entroloop.training.modeling import (
+        load_base_model,
+        load_tokenizer,
+        mean_completion_loss,
+    )
     from peft import PeftModel
-
-    from entroloop.training.modeling import load_base_model, load_tokenizer, mean_completion_loss
 
     data = TrainingData.load(job.work / "dataset.json")
     corrections = [e for e in data.train if e.source == CORRECTION]

@@ -20,6 +20,18 @@ import time
 from pathlib import Path
 
 import pytest
+from entroloop.training.actions import ActionLog
+from entroloop.training.jobs import JobRunner, JobStore
+from entroloop.training.pipeline import MemorySource, TrainingPipeline
+from entroloop.training.publisher import (
+    AdapterPublisher,
+    CanaryPolicy,
+    CanaryRouter,
+    ClickHouseCanaryMetrics,
+    VllmError,
+    VllmLoraClient,
+)
+from entroloop.training.registry import AdapterRegistry
 
 from entroloop.contract.ids import NodeStamper, new_span_id
 from entroloop.contract.records import Action, Span
@@ -36,18 +48,6 @@ from tests.integration.training_fixtures import (
     tiny_base_model,  # noqa: F401 - fixture
     training_settings,
 )
-from entroloop.training.actions import ActionLog
-from entroloop.training.jobs import JobRunner, JobStore
-from entroloop.training.pipeline import MemorySource, TrainingPipeline
-from entroloop.training.publisher import (
-    AdapterPublisher,
-    CanaryPolicy,
-    CanaryRouter,
-    ClickHouseCanaryMetrics,
-    VllmError,
-    VllmLoraClient,
-)
-from entroloop.training.registry import AdapterRegistry
 
 pytestmark = [pytest.mark.vllm, pytest.mark.training]
 

@@ -19,12 +19,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
+from entroloop.collectors.vllm.emit import read_frames
 from starlette.testclient import TestClient
 
-from entroloop.collectors.gateway.app import GatewayConfig, create_app
-from entroloop.infra.pii import PiiRedactor
-from entroloop.collectors.vllm.emit import read_frames
 from entroloop.contract.records import Audit, Span, TokenEntropy
+from entroloop.infra.pii import PiiRedactor
 from tests.integration.vllm_tiny_model import build_tiny_llama
 
 pytestmark = pytest.mark.vllm

@@ -19,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from entroloop.cli.training import _actions, run_kafka_trainer
-from entroloop.contract.settings import load_settings
 from entroloop.training.consumer import RetrainConsumer
 from entroloop.training.jobs import JobRunner, JobStore, Step
+
+from entroloop.cli.training import _actions, run_kafka_trainer
+from entroloop.contract.settings import load_settings
 
 
 def fake_steps(root: Path) -> list[Step]:
@@ -51,7 +52,9 @@ def main() -> None:
     settings = load_settings()
     runner = JobRunner(JobStore(root), fake_steps(root), _actions(settings))
     stats = run_kafka_trainer(settings, runner, once=once, session_timeout_s=6.0)
-    from prometheus_client import REGISTRY  # what a scrape of ENTROLOOP_METRICS_PORT would show
+    from prometheus_client import (
+        REGISTRY,  # what a scrape of ENTROLOOP_METRICS_PORT would show
+    )
 
     from entroloop.contract.records import RetrainRequest
 

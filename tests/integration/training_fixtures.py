@@ -45,7 +45,6 @@ def training_settings(tmp: Path, base_model: Path, **overrides) -> Settings:
 def greedy_responses(base_model: Path, prompts: list[str], max_new_tokens: int = 8) -> list[str]:
     """What the base model itself answers (greedy): accepted traffic is what the served model said."""
     import torch
-
     from entroloop.training.modeling import load_base_model, load_tokenizer, prompt_ids
 
     torch.set_num_threads(1)

@@ -27,9 +27,9 @@ from entroloop.contract import codec
 from entroloop.contract.records import Audit
 from entroloop.contract.topics import partition_for
 from entroloop.infra.kafka_topics import ensure_topics
+from entroloop.infra.worm.checkpoints import generate_key_pair
 from entroloop.infra.worm.manifest import Manifest
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.infra.worm.checkpoints import generate_key_pair
 from tests.reliability.harness import (
     PYTHON,
     REPO_ROOT,
@@ -42,7 +42,12 @@ from tests.reliability.harness import (
     run_sink,
     sink_env,
 )
-from tests.unit.sinks.audit_attacks import append_forged_batch, delete_chain, drop_newest_batch, rewrite_history
+from tests.unit.sinks.audit_attacks import (
+    append_forged_batch,
+    delete_chain,
+    drop_newest_batch,
+    rewrite_history,
+)
 
 PARTITIONS = 2
 

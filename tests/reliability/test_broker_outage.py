@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 from entroloop.collectors.publisher import Publisher, PublisherConfig
+from entroloop.sinks.audit.verify import verify_store
+
 from entroloop.contract.records import Audit
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.verify import verify_store
 from tests.reliability.harness import (
     DedicatedBroker,
     Figures,

@@ -191,6 +191,7 @@ def _demo_fleet_records(requests: int) -> list[Any]:
     them from the fleet's generator, so the requests after that differ from a plain fleet's.
     """
     from entroloop.collectors.synthetic_fleet import SyntheticFleet, malformed_payloads
+
     from entroloop.contract.codec import encode
     from entroloop.contract.records import TokenEntropy
 

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Producer
+from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract import codec
 from entroloop.contract.records import Audit
 from entroloop.contract.topics import partition_for
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.s3_store import S3WormStore, make_s3_client
-from entroloop.sinks.audit.verify import verify_store
 from tests.integration.minio_fixtures import (
     ACCESS_KEY,
     SECRET_KEY,

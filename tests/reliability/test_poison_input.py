@@ -16,12 +16,12 @@ from pathlib import Path
 import msgspec
 import pytest
 from confluent_kafka import Producer
+from entroloop.streams.entropy_anomaly import EntropyAnomalyDetector
 
 from entroloop.contract import codec
 from entroloop.contract.records import TokenEntropy, pack_entropies
 from entroloop.contract.topics import partition_for
 from entroloop.infra.kafka_topics import ensure_topics
-from entroloop.streams.entropy_anomaly import EntropyAnomalyDetector
 from tests.reliability.harness import (
     Figures,
     all_identities,
@@ -213,8 +213,9 @@ def _dead_letters(runner) -> list[tuple]:
 
 
 def _audit_log_records(runner) -> int:
-    from entroloop.contract.records import Audit
     from entroloop.sinks.audit.verify import verify_store
+
+    from entroloop.contract.records import Audit
 
     report = verify_store(runner.audit.store)
     return report.records_by_topic.get(Audit.topic, 0)

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Producer
+from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract import codec
 from entroloop.contract.records import Audit
 from entroloop.contract.topics import partition_for
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.verify import verify_store
 from tests.reliability.harness import (
     Figures,
     all_identities,

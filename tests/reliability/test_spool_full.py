@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
-
 from entroloop.collectors.publisher import Publisher, PublisherConfig
+
 from entroloop.contract import codec
 from entroloop.infra.kafka_topics import ensure_topics
 from tests.reliability.harness import (

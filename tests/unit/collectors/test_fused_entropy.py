@@ -86,7 +86,6 @@ def test_torch_forms_agree_with_the_reference(name: str) -> None:
 
 def test_a_single_remaining_token_gives_exactly_zero() -> None:
     import torch
-
     from entroloop.collectors.vllm.fused_entropy import (
         entropy_per_row_chunked,
         entropy_per_row_shifted,
@@ -102,7 +101,6 @@ def test_a_single_remaining_token_gives_exactly_zero() -> None:
 
 def test_the_logits_are_left_unchanged() -> None:
     import torch
-
     from entroloop.collectors.vllm.fused_entropy import (
         entropy_per_row_chunked,
         entropy_per_row_shifted,
@@ -155,9 +153,11 @@ def test_the_triton_kernel_agrees_with_the_reference_under_the_interpreter(tmp_p
 
 def test_the_tap_uses_the_one_chunk_form_on_a_cpu_and_the_kernel_on_cuda(monkeypatch) -> None:
     import torch
-
     from entroloop.collectors.vllm import fused_entropy
-    from entroloop.collectors.vllm.fused_entropy import entropy_function, entropy_per_row_shifted
+    from entroloop.collectors.vllm.fused_entropy import (
+        entropy_function,
+        entropy_per_row_shifted,
+    )
     from entroloop.collectors.vllm.tap import EntropyTap
 
     assert entropy_function(torch.device("cpu")) is entropy_per_row_shifted
@@ -168,7 +168,6 @@ def test_the_tap_uses_the_one_chunk_form_on_a_cpu_and_the_kernel_on_cuda(monkeyp
 
 def test_a_failing_kernel_falls_back_to_the_reference_for_good(monkeypatch) -> None:
     import torch
-
     from entroloop.collectors.vllm import fused_entropy
     from entroloop.collectors.vllm.fused_entropy import entropy_function
 

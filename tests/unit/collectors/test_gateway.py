@@ -8,13 +8,13 @@ import math
 import httpx
 import numpy as np
 import pytest
-from starlette.testclient import TestClient
-
 from entroloop.collectors.gateway.app import GatewayConfig, create_app
 from entroloop.collectors.gateway.topk_entropy import entropy_from_logprobs, token_hash
-from entroloop.infra.pii import PiiRedactor
+from starlette.testclient import TestClient
+
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span, TokenEntropy
+from entroloop.infra.pii import PiiRedactor
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

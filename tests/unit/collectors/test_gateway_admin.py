@@ -10,15 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
-
 from entroloop.collectors.gateway.app import GatewayConfig, create_app
 from entroloop.collectors.gateway.auth import ApiKeys
-from entroloop.contract.records import Action, Alert
-from entroloop.infra.pii import PiiRedactor
 from entroloop.streams.actions import (
     ActionRunner,
     ActionState,
@@ -27,6 +20,13 @@ from entroloop.streams.actions import (
     parse_runbook,
 )
 from entroloop.streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from entroloop.contract.records import Action, Alert
+from entroloop.infra.pii import PiiRedactor
 from tests.unit.collectors.served_app import ServedApp
 
 ACME_KEY = "acme-0123456789abcdef-key"

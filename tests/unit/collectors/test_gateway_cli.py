@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import httpx
-
 from entroloop.collectors.vllm.emit import read_frames
+
 from entroloop.contract.records import Audit, Span
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from starlette.testclient import TestClient
-
 from entroloop.collectors.feedback_client import FeedbackClient, FeedbackError
 from entroloop.collectors.gateway.app import GatewayConfig, create_app
 from entroloop.collectors.gateway.auth import ApiKeys
 from entroloop.collectors.gateway.feedback import TokenBuckets, feedback_event_id
+from starlette.testclient import TestClient
+
 from entroloop.contract import codec
 from entroloop.contract.ids import uuid7
 from entroloop.contract.records import Feedback

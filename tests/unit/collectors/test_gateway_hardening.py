@@ -23,19 +23,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
+from entroloop.collectors.gateway.auth import ApiKeys, GatewayConfigError, path_kind
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from pydantic import SecretStr
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
-from entroloop.collectors.gateway.app import GatewayConfig, create_app
-from entroloop.collectors.gateway.auth import ApiKeys, GatewayConfigError, path_kind
 from entroloop.cli import app as cli_app
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 from tests.unit.collectors.served_app import ServedApp
 

@@ -5,13 +5,13 @@ parts included). The audit itself keeps the whole conversation."""
 from __future__ import annotations
 
 import numpy as np
+from entroloop.collectors.gateway.app import GatewayConfig, create_app
+from entroloop.streams.intent_similarity import IntentSimilarityScorer
 from starlette.testclient import TestClient
 
-from entroloop.collectors.gateway.app import GatewayConfig, create_app
 from entroloop.contract.records import Audit, IntentScore
 from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor
-from entroloop.streams.intent_similarity import IntentSimilarityScorer
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 
 SYSTEM = "You are the support assistant of an online shop. Answer briefly and politely."

@@ -4,12 +4,12 @@ metrics in one scrape, scraped from outside with a plain HTTP client, without a 
 from __future__ import annotations
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-from starlette.testclient import TestClient
-
 from entroloop.collectors.gateway.app import GatewayConfig, create_app
 from entroloop.collectors.gateway.auth import ApiKeys
 from entroloop.collectors.gateway.metrics import route_template
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
 from entroloop.infra.pii import PiiRedactor
 
 KEY = "acme-0123456789abcdef-key"

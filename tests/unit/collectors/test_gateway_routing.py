@@ -13,19 +13,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from starlette.testclient import TestClient
-
 from entroloop.collectors.gateway.app import GatewayConfig, create_app
 from entroloop.collectors.gateway.routing import RoutingTable
-from entroloop.infra.pii import PiiRedactor
+from entroloop.training.actions import ActionLog
+from entroloop.training.registry import AdapterRegistry
+from starlette.testclient import TestClient
+
 from entroloop.contract.records import Audit, Span
 from entroloop.contract.settings import Settings
 from entroloop.infra.adapter_routing import AdapterRouting
+from entroloop.infra.pii import PiiRedactor
 from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 from tests.unit.collectors.flaky_clickhouse import FlakyClickHouseClient
-from entroloop.training.actions import ActionLog
-from entroloop.training.registry import AdapterRegistry
 
 BASE = "base-m"  # the fake engine's base model; adapters are registered for it
 USERS = [f"user-{i}" for i in range(300)]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import zlib
 
-from entroloop.collectors.gateway.logprobs import approximate_entropies, approximate_token_hashes
+from entroloop.collectors.gateway.logprobs import (
+    approximate_entropies,
+    approximate_token_hashes,
+)
 from entroloop.collectors.gateway.topk_entropy import token_hash
 
 

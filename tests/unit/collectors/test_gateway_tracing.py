@@ -12,8 +12,6 @@ import re
 import socket
 
 import pytest
-from starlette.testclient import TestClient
-
 from entroloop.collectors.gateway.app import (
     GatewayConfig,
     GatewayConfigError,
@@ -21,6 +19,8 @@ from entroloop.collectors.gateway.app import (
     create_app,
 )
 from entroloop.collectors.gateway.tracing import otlp_traces_url
+from starlette.testclient import TestClient
+
 from entroloop.contract import codec
 from entroloop.contract.records import Audit, Span, TokenEntropy
 from entroloop.contract.settings import SettingsError, load_settings

@@ -17,9 +17,15 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from entroloop.collectors.otel_exporter import (
+    OtlpAlongside,
+    span_to_record,
+    tracer_provider,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+)
 
-from entroloop.collectors.otel_exporter import OtlpAlongside, span_to_record, tracer_provider
 from entroloop.contract.ids import NodeStamper
 
 

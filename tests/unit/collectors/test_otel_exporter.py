@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from entroloop.collectors.otel_exporter import SpanRecordExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from entroloop.collectors.otel_exporter import SpanRecordExporter
 from entroloop.contract import codec
 from entroloop.contract.records import Span
 from entroloop.contract.settings import load_settings

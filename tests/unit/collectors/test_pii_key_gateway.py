@@ -13,9 +13,9 @@ import subprocess
 import sys
 
 import pytest
+from entroloop.collectors.gateway.app import app_from_settings
 from pydantic import SecretStr
 
-from entroloop.collectors.gateway.app import app_from_settings
 from entroloop.contract.settings import Settings, SettingsError
 
 KEY = "a-test-key-of-enough-length-0123"

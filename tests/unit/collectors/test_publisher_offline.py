@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from entroloop.collectors.publisher import Publisher, PublisherConfig
 from entroloop.collectors.spool import iter_frames
+
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Feedback

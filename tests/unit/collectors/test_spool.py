@@ -6,9 +6,6 @@ import struct
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from entroloop.collectors.spool import (
     Spool,
     SpoolFull,
@@ -18,6 +15,8 @@ from entroloop.collectors.spool import (
     iter_frames,
     orphan_spools,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @given(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-
 from entroloop.collectors.synthetic_fleet import SyntheticFleet
+
 from entroloop.contract.records import Audit, TokenEntropy
 
 

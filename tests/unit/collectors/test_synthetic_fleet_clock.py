@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from entroloop.collectors.synthetic_fleet import SyntheticFleet, default_start_time
+
 from entroloop.contract import codec
 from entroloop.contract.records import DeadLetter
 

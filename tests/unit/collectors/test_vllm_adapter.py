@@ -52,9 +52,8 @@ def params(request_id: str):
 
 def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) -> None:
     import torch
-    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
-
     from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
     proc = EntropyTapLogitsProcessor(fake_vllm_config(), torch.device("cpu"), False)
     assert proc.mode == "v1" and proc.is_argmax_invariant() is False
@@ -100,7 +99,6 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
 
 def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
     import torch
-
     from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
 
     prompt_len = np.zeros(8, dtype=np.int32)
@@ -134,7 +132,6 @@ def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
 
 def test_disabled_tap_is_inert(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
-
     from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
 
     monkeypatch.setenv("ENTROLOOP_ENTROPY_TAP_ENABLED", "false")
@@ -144,9 +141,8 @@ def test_disabled_tap_is_inert(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_validate_params_rejects_non_string_ids() -> None:
-    from vllm import SamplingParams
-
     from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+    from vllm import SamplingParams
 
     EntropyTapLogitsProcessor.validate_params(SamplingParams(extra_args={"entroloop_request_id": "ok"}))
     with pytest.raises(ValueError):
@@ -155,7 +151,6 @@ def test_validate_params_rejects_non_string_ids() -> None:
 
 def test_entropy_per_row_handles_masked_tokens() -> None:
     import torch
-
     from entroloop.collectors.vllm.entropy import entropy_per_row
 
     logits = torch.randn(4, 64, dtype=torch.bfloat16)
@@ -171,7 +166,6 @@ def test_entropy_per_row_handles_masked_tokens() -> None:
 def test_entropy_per_row_is_accurate_at_every_logit_scale(scale: float, shift: float) -> None:
     """Confident rows (large logits) are where a logsumexp-minus-dot form cancels in float32."""
     import torch
-
     from entroloop.collectors.vllm.entropy import entropy_per_row
 
     gen = torch.Generator().manual_seed(3)

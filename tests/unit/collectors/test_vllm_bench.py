@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from entroloop.collectors.vllm import bench
 from entroloop.collectors.vllm.bench import topk_entropy
 

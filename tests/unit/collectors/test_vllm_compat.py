@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from entroloop.collectors.vllm import compat
 
 ROOT = Path(__file__).resolve().parents[3]

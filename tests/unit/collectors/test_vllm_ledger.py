@@ -10,10 +10,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from entroloop.collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, credit
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from entroloop.collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, credit
 
 
 def value_of(request_id: str, position: int) -> float:

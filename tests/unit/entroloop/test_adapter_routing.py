@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from entroloop.training.publisher import CanaryRouter
 
 from entroloop.infra.adapter_routing import (
     AdapterRouting,
@@ -16,7 +17,6 @@ from entroloop.infra.adapter_routing import (
     routings_from_rows,
 )
 from entroloop.infra.clickhouse.schema import migrate
-from entroloop.training.publisher import CanaryRouter
 
 KEYS = [f"user-{i}" for i in range(20_000)]
 

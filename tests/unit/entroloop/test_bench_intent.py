@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from entroloop.collectors.synthetic_fleet import SyntheticFleet
+from entroloop.streams.intent_similarity import IntentSimilarityScorer
+
 from entroloop.benchmarks import detectors, intent
 from entroloop.benchmarks.report import write_benchmarks
 from entroloop.contract.settings import Settings
-from entroloop.streams.intent_similarity import IntentSimilarityScorer
 from tests.unit.entroloop.eval_files import write_lines
 
 

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from entroloop.collectors.spool import Spool
 from entroloop.collectors.vllm.emit import FileSink
+
 from entroloop.infra.bus import LocalLog, OffsetStore
 from entroloop.infra.private_files import make_private_dir, open_private
 from entroloop.infra.quarantine import local_quarantine

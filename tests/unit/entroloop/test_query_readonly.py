@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 from entroloop.infra.clickhouse.readonly import QueryRefused, run_readonly_query
-from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from tests.unit.sinks.sink_records import sample_records
 
 DICTIONARY = Path(__file__).resolve().parents[3] / "docs" / "data-dictionary.md"

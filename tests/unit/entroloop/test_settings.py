@@ -2,7 +2,12 @@ from pathlib import Path
 
 import pytest
 
-from entroloop.contract.settings import Settings, SettingsError, load_settings, settings_markdown
+from entroloop.contract.settings import (
+    Settings,
+    SettingsError,
+    load_settings,
+    settings_markdown,
+)
 
 
 def test_every_setting_is_documented():

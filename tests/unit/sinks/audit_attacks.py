@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter, parquet_bytes
 
 from entroloop.contract.records import Audit
 from entroloop.infra.worm.manifest import (
@@ -26,7 +27,6 @@ from entroloop.infra.worm.manifest import (
     sha256_hex,
 )
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.parquet_writer import AuditParquetWriter, parquet_bytes
 
 TOPIC = Audit.topic
 

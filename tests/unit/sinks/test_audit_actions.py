@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.audit.verify import verify_store
 from typer.testing import CliRunner
 
 from entroloop.cli import app
@@ -19,8 +21,6 @@ from entroloop.infra.worm.layouts import ACTION_SCHEMA, AUDIT_SCHEMA
 from entroloop.infra.worm.manifest import Manifest
 from entroloop.infra.worm.reader import find_actions, find_records, manifest_files
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
-from entroloop.sinks.audit.verify import verify_store
 from tests.unit.sinks.action_records import KINDS, sample_actions
 from tests.unit.sinks.sink_records import sample_records
 

@@ -13,6 +13,9 @@ import stat
 from pathlib import Path
 
 import pytest
+from entroloop.sinks.audit.checkpointer import Checkpointer, checkpointer_from_settings
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract.records import Audit
 from entroloop.contract.settings import load_settings
@@ -31,9 +34,6 @@ from entroloop.infra.worm.checkpoints import (
     load_public_key,
 )
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.checkpointer import Checkpointer, checkpointer_from_settings
-from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
-from entroloop.sinks.audit.verify import verify_store
 from tests.unit.sinks.audit_attacks import (
     append_forged_batch,
     delete_chain,

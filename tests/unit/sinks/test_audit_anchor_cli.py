@@ -6,14 +6,14 @@ import json
 import stat
 from pathlib import Path
 
+from entroloop.sinks.audit.checkpointer import checkpointer_from_settings
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from typer.testing import CliRunner
 
 from entroloop.cli import app
 from entroloop.contract.records import Audit
 from entroloop.contract.settings import load_settings
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.checkpointer import checkpointer_from_settings
-from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from tests.unit.sinks.audit_attacks import (
     append_forged_batch,
     drop_newest_batch,

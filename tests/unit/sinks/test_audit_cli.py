@@ -6,12 +6,12 @@ import json
 import os
 from pathlib import Path
 
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from typer.testing import CliRunner
 
 from entroloop.cli import app
 from entroloop.contract.records import Audit
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from tests.unit.sinks.sink_records import sample_records
 
 runner = CliRunner()

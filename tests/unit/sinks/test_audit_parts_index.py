@@ -4,9 +4,9 @@ keeps each part's number and the answer's outcome."""
 from __future__ import annotations
 
 import msgspec
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 from entroloop.contract.records import Audit
-from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from tests.unit.sinks.sink_records import sample_records
 
 

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 import pytest
+from entroloop.sinks.audit.parquet_writer import AuditChainError, AuditParquetWriter
+from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract.records import Audit
 from entroloop.infra.worm.manifest import Manifest, merkle_root, sha256_hex
@@ -20,8 +22,6 @@ from entroloop.infra.worm.reader import (
     manifest_files,
 )
 from entroloop.infra.worm.worm_store import LocalWormStore, ObjectExists
-from entroloop.sinks.audit.parquet_writer import AuditChainError, AuditParquetWriter
-from entroloop.sinks.audit.verify import verify_store
 from tests.unit.sinks.sink_records import sample_records
 
 TOPIC = Audit.topic

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import time
 
-from entroloop.contract.ids import derived_event_id
-from entroloop.contract.records import Audit, BadCase, Feedback
-from entroloop.contract.settings import load_settings
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from entroloop.streams.bad_cases import BadCaseJoiner
 from entroloop.streams.defaults import default_processors
+
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import Audit, BadCase, Feedback
+from entroloop.contract.settings import load_settings
 
 PII = {
     "mobile": "13900001111",

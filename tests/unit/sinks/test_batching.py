@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from entroloop.sinks.batching import SinkBackpressure, SinkBatcher, Slice
 
 

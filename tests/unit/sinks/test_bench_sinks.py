@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import typer
+from entroloop.sinks import bench
 
 from entroloop.cli.bench_sinks import _baseline_rows_per_s, _write_report
-from entroloop.sinks import bench
 
 
 def test_clickhouse_figure_has_every_stage_and_stores_every_row(chdb_client, ch_database):

@@ -10,15 +10,15 @@ import time
 import msgspec
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
-
-from entroloop.contract.ids import NodeStamper
-from entroloop.contract.records import Audit, Feedback, Span
 from entroloop.sinks.clickhouse.poison import (
     PoisonRecordsError,
     SystemicInsertError,
     insert_isolating_poison,
 )
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
+
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Audit, Feedback, Span
 
 stamper = NodeStamper("node-poison")
 

@@ -11,6 +11,7 @@ import time
 import uuid
 
 import pytest
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 from entroloop.contract.topics import TOPIC_BY_NAME
 from entroloop.infra.clickhouse.schema import (
@@ -20,7 +21,6 @@ from entroloop.infra.clickhouse.schema import (
     available_migrations,
     migrate,
 )
-from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from tests.unit.sinks.sink_records import sample_records
 
 ROLLUP_TABLES = (

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
+
 from tests.unit.sinks.sink_records import sample_records
 
 DICTIONARY = Path(__file__).resolve().parents[3] / "docs" / "data-dictionary.md"

@@ -12,12 +12,12 @@ import hashlib
 import time
 
 import pytest
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 from entroloop.contract.codec import MalformedRecord, dead_letter_fields
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter
 from entroloop.infra.quarantine import NotQuarantined, local_quarantine
-from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 PII_PAYLOAD = "我的手机号13900001111，邮箱是bob.jones@example.org，订单 A-778 的回答".encode() * 200  # > 4 KB
 

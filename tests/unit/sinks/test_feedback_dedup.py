@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 
 import msgspec
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Feedback
 from entroloop.infra.clickhouse import schema
-from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
 stamper = NodeStamper("gateway-1")
 HOUR = 3600.0

@@ -14,13 +14,18 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
-
 from entroloop.collectors.synthetic_fleet import SyntheticFleet
+from entroloop.sinks.batching import Slice
+from entroloop.sinks.kafka_sink import (
+    KafkaSinkConsumer,
+    Pending,
+    format_journal,
+    parse_journal,
+)
+
 from entroloop.contract import codec
 from entroloop.contract.records import DeadLetter, TokenEntropy
 from entroloop.contract.settings import Settings
-from entroloop.sinks.batching import Slice
-from entroloop.sinks.kafka_sink import KafkaSinkConsumer, Pending, format_journal, parse_journal
 
 TOPIC = TokenEntropy.topic
 PREFIX = "t."

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import msgspec
 from confluent_kafka import TopicPartition
-
 from entroloop.collectors.synthetic_fleet import SyntheticFleet
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from entroloop.sinks.kafka_sink import KafkaSinkConsumer, PrefixedClickHouseTarget
+
 from entroloop.contract import codec
 from entroloop.contract.records import DeadLetter, TokenEntropy
 from entroloop.contract.settings import Settings
-from entroloop.sinks.clickhouse.writer import ClickHouseSink
-from entroloop.sinks.kafka_sink import KafkaSinkConsumer, PrefixedClickHouseTarget
 from tests.unit.sinks.test_kafka_sink_consumer import (
     KTOPIC,
     PREFIX,

@@ -9,14 +9,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from entroloop.contract.records import Audit, Feedback
-from entroloop.infra.worm.reader import manifest_files
-from entroloop.infra.worm.worm_store import LocalWormStore
 from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from entroloop.sinks.audit.verify import verify_store
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from entroloop.sinks.recent_ids import RecentEventIds
+
+from entroloop.contract.records import Audit, Feedback
+from entroloop.infra.worm.reader import manifest_files
+from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.unit.sinks.sink_records import sample_records
 
 

@@ -3,10 +3,11 @@ is still one request to the processors that count requests or join on the answer
 
 from __future__ import annotations
 
-from entroloop.contract.records import BadCase, Health
 from entroloop.streams.bad_cases import BadCaseJoiner
 from entroloop.streams.fallback_rates import FallbackRateMonitor
 from entroloop.streams.retrain_triggers import RetrainTrigger
+
+from entroloop.contract.records import BadCase, Health
 
 from .analytics_records import audit, feedback
 

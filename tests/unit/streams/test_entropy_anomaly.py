@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from entroloop.streams.entropy_anomaly import (
+    EntropyAnomalyDetector,
+    EntropyCarry,
+    decode_carry,
+)
+from entroloop.streams.table_state import TableState
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entroloop.contract.codec import decode
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Alert, DeadLetter, TokenEntropy, pack_entropies
-from entroloop.streams.entropy_anomaly import EntropyAnomalyDetector, EntropyCarry, decode_carry
-from entroloop.streams.table_state import TableState
 
 from .test_table_state import FakeTable
 

@@ -6,16 +6,16 @@ import json
 
 import msgspec
 import numpy as np
-from hypothesis import given
-from hypothesis import settings as hsettings
-from hypothesis import strategies as st
-
-from entroloop.contract.records import Alert
 from entroloop.streams.entropy_baseline import (
     BaselineState,
     EntropyBaselineDetector,
     HistogramQuantileSketch,
 )
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from entroloop.contract.records import Alert
 
 from .analytics_records import tokens
 

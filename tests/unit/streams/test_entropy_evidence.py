@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
-from entroloop.contract.records import Alert, pack_token_hashes
-from entroloop.contract.settings import Settings
 from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from entroloop.streams.entropy_bands import EntropyBands
 from entroloop.streams.entropy_evidence import EntropyEvidence
 from entroloop.streams.periodicity import find_entropy_period, find_id_period
+
+from entroloop.contract.records import Alert, pack_token_hashes
+from entroloop.contract.settings import Settings
 
 from .analytics_records import tokens
 
@@ -158,6 +158,7 @@ def test_every_default_alert_on_the_fleet_names_its_evidence() -> None:
     what evidence confirmed it (the repetition period for a loop, the level over the edge for
     gibberish) and the (model, route)'s band once there is one."""
     from entroloop.collectors.synthetic_fleet import SyntheticFleet
+
     from entroloop.contract.records import TokenEntropy
 
     records = [r for q in SyntheticFleet(seed=5).requests(900) for r in q.records if isinstance(r, TokenEntropy)]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
-from entroloop.contract.records import Alert, pack_entropies, pack_token_hashes
 from entroloop.streams.entropy_anomaly import GIBBERISH, LOOP, EntropyAnomalyDetector
 from entroloop.streams.entropy_bands import EntropyBands
 from entroloop.streams.entropy_evidence import EntropyEvidence
 from entroloop.streams.periodicity import periodic_stretches
+
+from entroloop.contract.records import Alert, pack_entropies, pack_token_hashes
 
 from .analytics_records import tokens
 

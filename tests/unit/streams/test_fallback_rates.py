@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from entroloop.streams.fallback_rates import FallbackRateMonitor
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from entroloop.contract.records import Alert, Health
 from entroloop.contract.settings import Settings
-from entroloop.streams.fallback_rates import FallbackRateMonitor
 
 from .analytics_records import audit, fallback
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from mode import Service
-
 from entroloop.streams.faust_drain import eager_wait_first
+from mode import Service
 
 
 class Consumer(Service):

@@ -14,15 +14,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import faust
-from faust.types import TP
-
-from entroloop.contract.settings import Settings
 from entroloop.streams.app import build_streams_app
 from entroloop.streams.faust_offsets import (
     guard_consumer_offsets,
     seek_with_log_start,
     strict_new_offset,
 )
+from faust.types import TP
+
+from entroloop.contract.settings import Settings
 
 
 def _consumer(guarded: bool) -> tuple[Any, str]:

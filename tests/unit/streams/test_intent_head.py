@@ -10,9 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from entroloop.contract.prompts import intent_query
-from entroloop.contract.settings import Settings
 from entroloop.streams.intent_similarity import (
     SETTLED_OFF,
     SETTLED_ON,
@@ -22,6 +19,9 @@ from entroloop.streams.intent_similarity import (
     lexical_features,
     load_intent_model,
 )
+
+from entroloop.contract.prompts import intent_query
+from entroloop.contract.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -6,11 +6,6 @@ import hashlib
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import settings as hsettings
-from hypothesis import strategies as st
-
-from entroloop.contract.records import Fallback, IntentScore
 from entroloop.streams.intent_similarity import (
     IntentSimilarityScorer,
     LabelledPair,
@@ -20,6 +15,11 @@ from entroloop.streams.intent_similarity import (
     calibrate_scores,
     detect_language,
 )
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from entroloop.contract.records import Fallback, IntentScore
 
 from .analytics_records import audit
 

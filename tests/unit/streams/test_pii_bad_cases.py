@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 import uuid
 
-from entroloop.contract.records import BadCase, Feedback
-from entroloop.infra.pii import PiiRedactor
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from entroloop.streams.bad_cases import BadCaseJoiner, encode_entry
+
+from entroloop.contract.records import BadCase, Feedback
+from entroloop.infra.pii import PiiRedactor
 
 from .analytics_records import audit, feedback
 

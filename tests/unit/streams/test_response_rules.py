@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from entroloop.contract.records import Alert, Health
 from entroloop.streams.response_rules import ResponseRuleChecker
+
+from entroloop.contract.records import Alert, Health
 
 from .analytics_records import audit
 

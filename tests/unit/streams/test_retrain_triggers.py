@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from entroloop.streams.retrain_triggers import RetrainTrigger
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from entroloop.contract.records import RetrainRequest
-from entroloop.streams.retrain_triggers import RetrainTrigger
 
 from .analytics_records import audit, bad_case
 

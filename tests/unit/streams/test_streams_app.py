@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from entroloop.streams.app import StreamsApp, StreamsConfig, UnsafeConcurrency
+from entroloop.streams.base import Processor, derive
 
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Alert, DeadLetter, Event, Feedback, Span
-from entroloop.streams.app import StreamsApp, StreamsConfig, UnsafeConcurrency
-from entroloop.streams.base import Processor, derive
 
 
 class Echo(Processor):

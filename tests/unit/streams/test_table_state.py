@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from entroloop.streams.bad_cases import BadCaseJoiner, JoinEntry
 from entroloop.streams.table_state import TableState
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 
+from entroloop.sinks.audit.verify import verify_store
+from entroloop.training.actions import RUNBOOK, ActionLog
+
 from entroloop.contract.records import Action
 from entroloop.contract.settings import Settings
 from entroloop.infra.worm.reader import find_actions
 from entroloop.runner import EmbeddedRunner
-from entroloop.sinks.audit.verify import verify_store
-from entroloop.training.actions import RUNBOOK, ActionLog
 
 STEPS = ("job.claimed", "dataset.built", "train.completed", "gate.accepted", "adapter.registered",
          "adapter.loaded", "canary.stage", "canary.stage", "adapter.promoted")

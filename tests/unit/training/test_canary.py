@@ -5,9 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from entroloop.contract.ids import NodeStamper, new_span_id
-from entroloop.contract.records import Alert, Fallback, Span
 from entroloop.training.actions import ActionLog
 from entroloop.training.publisher import (
     AdapterPublisher,
@@ -18,6 +15,9 @@ from entroloop.training.publisher import (
     ClickHouseCanaryMetrics,
     VllmError,
 )
+
+from entroloop.contract.ids import NodeStamper, new_span_id
+from entroloop.contract.records import Alert, Fallback, Span
 
 POLICY = CanaryPolicy(shares=(0.03, 0.3, 1.0), stage_seconds=9.0, checks_per_stage=3, min_requests=20,
                       error_rate_limit=0.03)
@@ -178,8 +178,9 @@ def test_canary_without_traffic_is_abandoned() -> None:
 
 
 def test_promotion_supersedes_the_previous_adapter(tmp_path, chdb_client, ch_database) -> None:
-    from entroloop.infra.worm.worm_store import LocalWormStore
     from entroloop.training.registry import AdapterRegistry
+
+    from entroloop.infra.worm.worm_store import LocalWormStore
 
     actions = ActionLog()
     registry = AdapterRegistry(LocalWormStore(tmp_path), chdb_client, ch_database, actions)

@@ -6,7 +6,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from entroloop.training.dataset import (
     CORRECTION,
     REPLAY,

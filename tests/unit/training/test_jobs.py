@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from entroloop.training.actions import ActionLog
 from entroloop.training.jobs import JobRunner, JobStore, Step, key_folder_name
 

@@ -6,10 +6,10 @@ import stat
 from pathlib import Path
 
 import pytest
-
-from entroloop.infra.worm.worm_store import LocalWormStore, ObjectExists
 from entroloop.training.actions import ActionLog
 from entroloop.training.registry import AdapterRegistry, ManifestMismatch
+
+from entroloop.infra.worm.worm_store import LocalWormStore, ObjectExists
 
 
 def _adapter(folder: Path, weights: bytes = b"\x00\x01weights") -> Path:

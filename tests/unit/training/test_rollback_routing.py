@@ -8,11 +8,12 @@ import json
 import time
 from pathlib import Path
 
-from entroloop.contract.settings import Settings
-from entroloop.infra.worm.worm_store import LocalWormStore
 from entroloop.training.actions import ActionLog
 from entroloop.training.publisher import CanaryRouter
 from entroloop.training.registry import AdapterRegistry
+
+from entroloop.contract.settings import Settings
+from entroloop.infra.worm.worm_store import LocalWormStore
 
 from .test_rollout_wiring import FakeVllm, fake_vllm  # noqa: F401 - the fixture is used by name
 

@@ -9,12 +9,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
-from entroloop.contract.settings import Settings
-from entroloop.infra.worm.worm_store import LocalWormStore
 from entroloop.training.actions import ActionLog
 from entroloop.training.publisher import VllmError, VllmLoraClient
 from entroloop.training.registry import AdapterRegistry
+
+from entroloop.contract.settings import Settings
+from entroloop.infra.worm.worm_store import LocalWormStore
 
 
 class FakeVllm(BaseHTTPRequestHandler):

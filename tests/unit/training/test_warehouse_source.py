@@ -6,7 +6,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from entroloop.infra.pii import PiiRedactor
+from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from entroloop.training.dataset import REPLAY, build_dataset
+from entroloop.training.pipeline import select_training_records, source_records
+from entroloop.training.sources import WarehouseSource
+
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import (
     Audit,
@@ -15,12 +20,8 @@ from entroloop.contract.records import (
     Feedback,
     RetrainRequest,
 )
+from entroloop.infra.pii import PiiRedactor
 from entroloop.infra.worm.worm_store import LocalWormStore
-from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
-from entroloop.sinks.clickhouse.writer import ClickHouseSink
-from entroloop.training.dataset import REPLAY, build_dataset
-from entroloop.training.pipeline import select_training_records, source_records
-from entroloop.training.sources import WarehouseSource
 
 RAW_EMAIL = "alice.smith@example.com"
 
@@ -98,9 +99,10 @@ def _fields(record) -> dict:
 def test_cli_picks_the_warehouse_source_in_distributed_mode(chdb_client, ch_database, tmp_path) -> None:
     from types import SimpleNamespace
 
+    from entroloop.training.pipeline import BusSource, JsonLinesSource
+
     from entroloop.cli.training import _source
     from entroloop.contract.settings import Settings
-    from entroloop.training.pipeline import BusSource, JsonLinesSource
 
     request, accepted = _fixture(chdb_client, ch_database, tmp_path / "data" / "worm")
     registry = SimpleNamespace(client=chdb_client, database=ch_database)

@@ -5,10 +5,16 @@ targets at once but never more than ``concurrency``, those of one target in the 
 
 from __future__ import annotations
 
+from entroloop.streams.actions import (
+    ActionRunner,
+    ActionState,
+    WebhookClient,
+    parse_runbook,
+)
+from entroloop.streams.actions.state import DUPLICATE, RATE_LIMITED, RUN, Claim
+
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import Action, Alert
-from entroloop.streams.actions import ActionRunner, ActionState, WebhookClient, parse_runbook
-from entroloop.streams.actions.state import DUPLICATE, RATE_LIMITED, RUN, Claim
 
 AT = 1_790_000_000.0
 RUNBOOK = """

@@ -8,6 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
+from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from entroloop.streams.actions import (
+    ActionRunner,
+    ActionState,
+    WebhookClient,
+    client_query,
+    load_runbooks,
+    parse_runbook,
+)
+from entroloop.streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
 
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import (
@@ -19,16 +29,6 @@ from entroloop.contract.records import (
     TokenEntropy,
     pack_entropies,
 )
-from entroloop.sinks.clickhouse.writer import ClickHouseSink
-from entroloop.streams.actions import (
-    ActionRunner,
-    ActionState,
-    WebhookClient,
-    client_query,
-    load_runbooks,
-    parse_runbook,
-)
-from entroloop.streams.actions.runbooks import BUILTIN_RUNBOOKS_DIR
 
 REPO_RUNBOOKS = load_runbooks(BUILTIN_RUNBOOKS_DIR)
 AT = 1_790_000_000.0

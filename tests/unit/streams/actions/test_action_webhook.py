@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import time
 
-
 from entroloop.streams.actions.webhook import WebhookClient
 
 

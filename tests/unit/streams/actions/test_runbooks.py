@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from entroloop.streams.actions.runbooks import (
     BUILTIN_RUNBOOKS_DIR,
     RunbookError,
@@ -64,8 +63,9 @@ def test_duplicate_names_are_refused(tmp_path):
 
 
 def test_settings_default_to_the_packaged_runbooks():
-    from entroloop.contract.settings import load_settings
     from entroloop.streams.actions.runbooks import runbooks_from_settings
+
+    from entroloop.contract.settings import load_settings
 
     names = {r.name for r in runbooks_from_settings(load_settings())}
     assert "pause-node-on-gibberish" in names and len(names) == len(list(BUILTIN_RUNBOOKS_DIR.glob("*.yaml")))
@@ -73,8 +73,9 @@ def test_settings_default_to_the_packaged_runbooks():
 
 @pytest.mark.parametrize("make", ["missing", "empty", "invalid"])
 def test_a_bad_runbook_folder_is_an_error_naming_the_setting_and_the_fix(make, tmp_path):
-    from entroloop.contract.settings import load_settings
     from entroloop.streams.actions.runbooks import runbooks_from_settings
+
+    from entroloop.contract.settings import load_settings
 
     folder = tmp_path / "runbooks"
     if make != "missing":
