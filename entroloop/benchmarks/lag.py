@@ -52,6 +52,7 @@ from typing import Any
 
 import msgspec
 
+from entroloop.benchmarks.checkout import runnable_root
 from entroloop.benchmarks.repeats import Repeated, repeat_many
 from entroloop.benchmarks.report import Figure
 
@@ -212,7 +213,8 @@ def measure_queryable(bootstrap: str, sample: list[list[Any]], rate: float, seco
             # --max-idle-s counts that as idle and exits with the backlog unread (not lost, but unmeasured).
             [sys.executable, "-m", "entroloop.cli", "sink", "clickhouse", "--json", "--until-empty",
              "--batch-seconds", str(batch_seconds), "--log-level", "info", "--session-timeout-s", "10"],
-            _env(bootstrap, prefix, partitions, folder), ready="assigned", cwd=checkout, separate_stdout=True)
+            _env(bootstrap, prefix, partitions, folder), ready="assigned", cwd=runnable_root(checkout, folder),
+            separate_stdout=True)
         sink.wait_ready(90, "the sink")
         progress(f"publishing {int(rate * seconds):,} requests at {rate:,.0f}/s")
         published = _publish(bootstrap, prefix, folder, sample, rate, seconds)
@@ -358,7 +360,8 @@ def measure_alerts(bootstrap: str, sample: list[list[Any]], rate: float, seconds
                                ENTROLOOP_ACTIONS_GATEWAY_URL=stub, ENTROLOOP_ACTIONS_VLLM_URL=stub)
             # `entroloop actions` logs nothing when its partitions arrive: its group tells
             workers.append(_Process([sys.executable, "-m", "entroloop.cli", "actions", "--log-level", "info",
-                                     "--session-timeout-s", "10"], actions_env, ready="\0never", cwd=actions_checkout))
+                                     "--session-timeout-s", "10"], actions_env, ready="\0never",
+                                    cwd=runnable_root(actions_checkout, folder)))
             workers[0].wait_ready(180, "entroloop worker")
             _wait_for_group(bootstrap, f"{prefix}entroloop-actions", workers[1], 180)
             progress(f"publishing {int(rate * seconds):,} requests at {rate:,.0f}/s")
