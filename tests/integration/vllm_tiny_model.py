@@ -82,10 +82,9 @@ def build_tiny_llama(folder: Path, seed: int = 1234) -> Path:
     return folder
 
 
-def reference_entropies(folder: Path, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
-    """Entropy (nats) of each generated token, from a plain transformers forward pass in float64."""
+def _generated_log_probs(folder: Path, prompt_ids: list[int], output_ids: list[int]):
+    """log_softmax (float64) at each generated token's step, from a plain transformers forward pass."""
     import torch
-    from transformers import LlamaForCausalLM
 
     model = _cached_model(str(folder))
     ids = torch.tensor([prompt_ids + output_ids])
@@ -94,7 +93,12 @@ def reference_entropies(folder: Path, prompt_ids: list[int], output_ids: list[in
     # Logits at position t predict token t+1: the first generated token comes from the last prompt
     # position.
     steps = logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(output_ids)]
-    logp = torch.log_softmax(steps, dim=-1)
+    return torch.log_softmax(steps, dim=-1)
+
+
+def reference_entropies(folder: Path, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+    """Entropy (nats) of each generated token, float64."""
+    logp = _generated_log_probs(folder, prompt_ids, output_ids)
     return (-(logp.exp() * logp).sum(-1)).tolist()
 
 
@@ -102,12 +106,7 @@ def reference_surprisals(folder: Path, prompt_ids: list[int], output_ids: list[i
     """-log p (nats) of each generated token under the model (before temperature), float64."""
     import torch
 
-    model = _cached_model(str(folder))
-    ids = torch.tensor([prompt_ids + output_ids])
-    with torch.no_grad():
-        logits = model(ids).logits[0].double()
-    steps = logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(output_ids)]
-    logp = torch.log_softmax(steps, dim=-1)
+    logp = _generated_log_probs(folder, prompt_ids, output_ids)
     return (-logp[torch.arange(len(output_ids)), torch.tensor(output_ids)]).tolist()
 
 
