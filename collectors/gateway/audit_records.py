@@ -124,6 +124,8 @@ def build_records(
                 entropies=pack_entropies(exchange.entropies),
                 token_hashes=pack_token_hashes(exchange.token_hashes)
                 if exchange.token_hashes and len(exchange.token_hashes) == len(exchange.entropies) else b"",
+                surprisals=pack_entropies(exchange.surprisals)
+                if exchange.surprisals and len(exchange.surprisals) == len(exchange.entropies) else b"",
                 approximate=True,
             )
         )

@@ -42,6 +42,7 @@ from entroloop.collectors.gateway.config import GatewayConfig
 from entroloop.collectors.gateway.exchange import Exchange
 from entroloop.collectors.gateway.logprobs import (
     approximate_entropies,
+    approximate_surprisals,
     approximate_token_hashes,
     restore_client_logprobs,
 )
@@ -243,6 +244,7 @@ class Gateway:
             return passthrough.relay(answer, BackgroundTask(self._record, exchange))  # byte for byte
         exchange.entropies = approximate_entropies(exchange.path, data)
         exchange.token_hashes = approximate_token_hashes(exchange.path, data)
+        exchange.surprisals = approximate_surprisals(exchange.path, data)
         restore_client_logprobs(exchange.path, data, client_logprobs)
         return JSONResponse(data, answer.status_code, background=BackgroundTask(self._record, exchange))
 
@@ -333,6 +335,7 @@ class Gateway:
             exchange.response = collector.as_response()
             exchange.entropies = collector.entropies
             exchange.token_hashes = collector.token_hashes
+            exchange.surprisals = collector.surprisals
 
         async def relay() -> AsyncIterator[bytes]:
             finished = False  # True once nothing more is sent to the client

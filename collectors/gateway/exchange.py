@@ -31,6 +31,7 @@ class Exchange:
     response: dict[str, Any] = field(default_factory=dict)
     entropies: list[float] = field(default_factory=list)
     token_hashes: list[int] | None = None
+    surprisals: list[float] | None = None  # the sampled tokens' surprisals (non-vLLM engines' logprobs)
     """A hash of each sampled token, aligned with ``entropies``; None when the engine did not name them."""
 
     @property

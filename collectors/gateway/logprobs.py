@@ -3,13 +3,16 @@ only what it asked for (so it sees what the engine would have sent it)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from entroloop.collectors.gateway.topk_entropy import (
     chat_token_entropies,
     chat_token_hashes,
+    chat_token_surprisals,
     completion_token_entropies,
     completion_token_hashes,
+    completion_token_surprisals,
 )
 
 
@@ -32,6 +35,17 @@ def approximate_token_hashes(path: str, data: dict[str, Any]) -> list[int] | Non
     return chat_token_hashes(logprobs) if path.endswith("chat/completions") else completion_token_hashes(logprobs)
 
 
+def approximate_surprisals(path: str, data: dict[str, Any]) -> list[float] | None:
+    """Per-token surprisal of the first choice's sampled tokens, aligned with ``approximate_entropies``
+    (None when one token's own logprob is missing: the record then goes without)."""
+    choices = data.get("choices") or []
+    if not choices:
+        return []
+    logprobs = choices[0].get("logprobs")
+    values = chat_token_surprisals(logprobs) if path.endswith("chat/completions") else completion_token_surprisals(logprobs)
+    return None if any(math.isnan(v) for v in values) else values
+
+
 def restore_client_logprobs(path: str, data: dict[str, Any], asked: int | None) -> None:
     """Give the client the logprobs it asked for and no more (none if it asked for none)."""
     for choice in data.get("choices") or []:
@@ -48,4 +62,4 @@ def restore_client_logprobs(path: str, data: dict[str, Any], asked: int | None) 
             ]
 
 
-__all__ = ["approximate_entropies", "approximate_token_hashes", "restore_client_logprobs"]
+__all__ = ["approximate_entropies", "approximate_surprisals", "approximate_token_hashes", "restore_client_logprobs"]

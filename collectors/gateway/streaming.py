@@ -9,6 +9,7 @@ from typing import Any
 from entroloop.collectors.gateway.exchange import Exchange
 from entroloop.collectors.gateway.logprobs import (
     approximate_entropies,
+    approximate_surprisals,
     approximate_token_hashes,
     restore_client_logprobs,
 )
@@ -24,6 +25,7 @@ class StreamCollector:
         self.entropies: list[float] = []
         # One hash per entropy while every event named its tokens; None from the first that did not.
         self.token_hashes: list[int] | None = []
+        self.surprisals: list[float] | None = []
         self._buffer = b""
         self._texts: dict[int, list[str]] = {}
         self._usage: dict[str, Any] = {}
@@ -76,6 +78,11 @@ class StreamCollector:
                 self.token_hashes += hashes
             else:
                 self.token_hashes = None
+            surprisals = approximate_surprisals(self.exchange.path, {"choices": first})
+            if self.surprisals is not None and surprisals is not None and len(surprisals) == len(entropies):
+                self.surprisals += surprisals
+            else:
+                self.surprisals = None
         restore_client_logprobs(self.exchange.path, event, self.asked)
         return b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
 

@@ -18,15 +18,30 @@ TOKEN_ID_PREFIX = "token_id:"
 the entropy tap ships it."""
 
 
+def _log_mass(values: list[float]) -> float:
+    top = max(values)
+    # log-sum-exp around the maximum, so very negative logprobs do not underflow to a zero mass
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
 def entropy_from_logprobs(logprobs: Iterable[float]) -> float:
     """Shannon entropy (nats) of the renormalised distribution over the given top-k logprobs."""
     values = [v for v in logprobs if v is not None and math.isfinite(v)]
     if not values:
         return float("nan")
-    top = max(values)
-    # log-sum-exp around the maximum, so very negative logprobs do not underflow to a zero mass
-    log_mass = top + math.log(sum(math.exp(v - top) for v in values))
+    log_mass = _log_mass(values)
     return -sum(math.exp(v - log_mass) * (v - log_mass) for v in values)
+
+
+def surprisal_from_logprobs(sampled: Any, logprobs: Iterable[float]) -> float:
+    """The sampled token's surprisal (nats) under the same renormalised top-k distribution as
+    ``entropy_from_logprobs``, so the two compare (gibberish: tokens that keep surprising the model
+    more than its entropy expects). A token sampled from outside the top k keeps its own logprob,
+    which is at most the top-k mass: the result is never negative. NaN without a usable logprob."""
+    values = [v for v in logprobs if v is not None and math.isfinite(v)]
+    if not values or not isinstance(sampled, (int, float)) or not math.isfinite(sampled):
+        return float("nan")
+    return max(0.0, _log_mass(values) - float(sampled))
 
 
 def chat_token_entropies(choice_logprobs: Mapping[str, Any] | None) -> list[float]:
@@ -50,6 +65,30 @@ def completion_token_entropies(choice_logprobs: Mapping[str, Any] | None) -> lis
     for i, top in enumerate(tops):
         values = list(top.values()) if top else [sampled[i] if i < len(sampled) else None]
         out.append(entropy_from_logprobs(values))
+    return out
+
+
+def chat_token_surprisals(choice_logprobs: Mapping[str, Any] | None) -> list[float]:
+    """Per generated token (aligned with ``chat_token_entropies``), from ``logprobs.content[i].logprob``."""
+    if not choice_logprobs:
+        return []
+    out = []
+    for token in choice_logprobs.get("content") or []:
+        top = token.get("top_logprobs") or [{"logprob": token.get("logprob")}]
+        out.append(surprisal_from_logprobs(token.get("logprob"), (t.get("logprob") for t in top)))
+    return out
+
+
+def completion_token_surprisals(choice_logprobs: Mapping[str, Any] | None) -> list[float]:
+    """Per generated token (aligned with ``completion_token_entropies``), from ``logprobs.token_logprobs``."""
+    if not choice_logprobs:
+        return []
+    out = []
+    tops = choice_logprobs.get("top_logprobs") or []
+    sampled = choice_logprobs.get("token_logprobs") or []
+    for i, top in enumerate(tops):
+        own = sampled[i] if i < len(sampled) else None
+        out.append(surprisal_from_logprobs(own, list(top.values()) if top else [own]))
     return out
 
 
@@ -106,8 +145,11 @@ __all__ = [
     "TOKEN_ID_PREFIX",
     "chat_token_entropies",
     "chat_token_hashes",
+    "chat_token_surprisals",
     "completion_token_entropies",
     "completion_token_hashes",
+    "completion_token_surprisals",
     "entropy_from_logprobs",
+    "surprisal_from_logprobs",
     "token_hash",
 ]

@@ -27,6 +27,8 @@ KEY = b"test-key"
 EXPECTED_ENTROPIES = [1.5 * math.log(2), -(0.8 * math.log(0.4) + 0.2 * math.log(0.1))]
 # ... and its sampled tokens, "Hello" and " there": one hash each, aligned with the entropies.
 EXPECTED_HASHES = [token_hash("Hello"), token_hash(" there")]
+# ... and their surprisals under the same renormalised top-k: -ln 0.5 and -ln 0.4 (the top-k mass is 1)
+EXPECTED_SURPRISALS = [math.log(2), math.log(2.5)]
 
 CHAT = {
     "model": "base-m",
@@ -123,6 +125,7 @@ def test_openai_engine_chat_audit_span_and_approximate_entropy() -> None:
     assert tokens.approximate is True
     np.testing.assert_allclose(tokens.values(), EXPECTED_ENTROPIES, atol=1e-3)
     assert tokens.hashes().tolist() == EXPECTED_HASHES
+    np.testing.assert_allclose(tokens.surprisal_values(), EXPECTED_SURPRISALS, atol=1e-3)
 
 
 def test_client_logprobs_are_trimmed_to_what_it_asked() -> None:
@@ -216,6 +219,7 @@ def test_streaming_from_openai_engine_strips_logprobs_and_ships_approximate_entr
     assert tokens.approximate and tokens.trace_id == audit.trace_id == TRACE_ID
     np.testing.assert_allclose(tokens.values(), EXPECTED_ENTROPIES, atol=1e-3)
     assert tokens.hashes().tolist() == EXPECTED_HASHES  # gathered event by event, still aligned
+    np.testing.assert_allclose(tokens.surprisal_values(), EXPECTED_SURPRISALS, atol=1e-3)
     assert EMAIL not in audit.response and audit.response.startswith("Hello there, Mail [EMAIL:")
 
 
