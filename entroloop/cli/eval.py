@@ -213,30 +213,16 @@ class CorrectionLine(msgspec.Struct):
         return ""
 
 
-@eval_app.command("corrections")
-def corrections(file: InputFile, as_json: AsJson = False, predictions: Predictions = None) -> None:
-    """Bad-case labels of corrections: exact label set and precision/recall per label.
-
-    Lines: {"id", "prompt", "output", "corrected", "labels": [...]}; id and labels are optional, unknown keys ignored.
-
-    Each line runs through the bad-case joiner live feedback goes through (redaction, diff, labels from the same settings, so ENTROLOOP_COMPLIANCE_LEXICON / _PATTERNS count); labels: number, fact, amount_format, unit, date, json_schema, compliance, other. Predictions: {"id", "labels", "minimal_failing_example": {"start", "end", "output", "corrected"}}.
-    """
+def score_corrections(lines: Sequence[CorrectionLine], joiner: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Each line through ``joiner`` (a ``BadCaseJoiner``) as live feedback goes: the figures of
+    `eval corrections --json` and one prediction row per line (`entroloop bench detectors` reports
+    the same figures)."""
     import time
 
-    from entroloop.cli.common import settings_or_exit
     from entroloop.contract.ids import uuid7
     from entroloop.contract.records import Audit, Feedback
-    from entroloop.streams.bad_cases import (
-        REGRESSION_LABEL,
-        BadCaseJoiner,
-        minimal_failing_span,
-    )
+    from entroloop.streams.bad_cases import REGRESSION_LABEL, minimal_failing_span
 
-    try:
-        lines = read_jsonl(file, CorrectionLine)
-    except EvalInputError as exc:
-        raise fail(str(exc)) from None
-    joiner = BadCaseJoiner.from_settings(settings_or_exit())
     now = time.time()
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # label -> [true pos, predicted, support]
     exact = labelled = 0
@@ -261,8 +247,6 @@ def corrections(file: InputFile, as_json: AsJson = False, predictions: Predictio
             tally[0] += int(label in predicted and label in line.labels)
             tally[1] += int(label in predicted)
             tally[2] += int(label in line.labels)
-    write_predictions(predictions, rows)
-
     figures = {
         "exact_set": ratio(exact, labelled),
         "per_label": {label: {"precision": ratio(tp, n_pred), "recall": ratio(tp, support), "support": support}
@@ -270,6 +254,27 @@ def corrections(file: InputFile, as_json: AsJson = False, predictions: Predictio
         "lines": len(lines),
         "labelled": labelled,
     }
+    return figures, rows
+
+
+@eval_app.command("corrections")
+def corrections(file: InputFile, as_json: AsJson = False, predictions: Predictions = None) -> None:
+    """Bad-case labels of corrections: exact label set and precision/recall per label.
+
+    Lines: {"id", "prompt", "output", "corrected", "labels": [...]}; id and labels are optional, unknown keys ignored.
+
+    Each line runs through the bad-case joiner live feedback goes through (redaction, diff, labels from the same settings, so ENTROLOOP_COMPLIANCE_LEXICON / _PATTERNS count); labels: number, fact, amount_format, unit, date, json_schema, compliance, other. Predictions: {"id", "labels", "minimal_failing_example": {"start", "end", "output", "corrected"}}.
+    """
+    from entroloop.cli.common import settings_or_exit
+    from entroloop.streams.bad_cases import BadCaseJoiner
+
+    try:
+        lines = read_jsonl(file, CorrectionLine)
+    except EvalInputError as exc:
+        raise fail(str(exc)) from None
+    figures, rows = score_corrections(lines, BadCaseJoiner.from_settings(settings_or_exit()))
+    write_predictions(predictions, rows)
+    labelled = figures["labelled"]
     table_rows: list[Sequence[object]] = [
         (label, v["support"], f"{v['precision']:.3f}", f"{v['recall']:.3f}") for label, v in figures["per_label"].items()
     ]

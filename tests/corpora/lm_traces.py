@@ -366,5 +366,26 @@ def main(
     )
 
 
+def relabel(outputs: dict[str, Path] = OUTPUTS) -> list[tuple[str, dict, dict]]:
+    """Labels recomputed from each checked-in line's decoded text (no model, no engine): what a
+    change to ``tests.corpora.text_labels`` does to the files. Returns (id, old, new) per change."""
+    lex = lexicon()
+    changed = []
+    for path in outputs.values():
+        lines = [json.loads(raw) for raw in path.read_text().splitlines()]
+        for line in lines:
+            labelled = label(line["generator"]["text"], lex)
+            new = {"loop": labelled["loop"], "gibberish": labelled["gibberish"]}
+            if new != line["label"]:
+                changed.append((line["id"], line["label"], new))
+            line["label"], line["generator"]["label_evidence"] = new, labelled["evidence"]
+        path.write_text("".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines))
+    return changed
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--relabel"]:
+        for trace_id, old, new in relabel():
+            print(f"[lm-traces] {trace_id}: {old} -> {new}", file=sys.stderr)
+    else:
+        main()

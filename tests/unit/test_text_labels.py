@@ -31,6 +31,15 @@ def test_a_phrase_said_twice_or_a_short_run_is_not_a_loop() -> None:
     assert not label("ab ab ab ab", LEXICON)["loop"]  # periodic but under 40 characters
 
 
+def test_a_run_of_blank_lines_is_a_loop_of_period_one() -> None:
+    text = "usage: git commit <file>" + "\n" * 42
+    evidence = loop_evidence(text)
+    assert evidence is not None and (evidence.period, evidence.length) == (1, 42)
+    assert label(text, LEXICON)["loop"]
+    # paragraphs apart, or a few blank lines, are not: under LOOP_MIN_CHARS line breaks
+    assert not label("use git commit\n\n\n\ncannot open the file" + "\n \n" * 19, LEXICON)["loop"]
+
+
 def test_known_words_in_either_language_are_not_gibberish() -> None:
     verdict = label(
         "cannot open the file for reading 无法打开文件进行读取 use git commit", LEXICON

@@ -55,3 +55,20 @@ def test_corpus_figures_with_ids_and_from_entropies_alone(tmp_path: Path) -> Non
     assert figs["repetition_loop [traces, entropies only] precision / recall"].target == "P >= 0.90, R >= 0.90"
     assert figs["repetition_loop [traces] precision / recall"].met is True
     assert not any(name.startswith("repetition_loop [") and "events/s" in name for name in figs)
+
+
+def test_corrections_figures_skip_the_tuning_file(tmp_path: Path) -> None:
+    from entroloop.benchmarks.detectors import CORRECTIONS_DIR, run_corrections
+
+    right = {"prompt": "p", "output": "The fee is 5 USD.", "corrected": "The fee is 7 USD.", "labels": ["number", "fact"]}
+    wrong = {"prompt": "p", "output": "Hello there.", "corrected": "Hello there!", "labels": ["compliance"]}
+    _write(tmp_path / "dev.jsonl", [right])  # tuned on: never reported
+    _write(tmp_path / "cases.jsonl", [right, wrong, {k: v for k, v in right.items() if k != "labels"}])
+    results = run_corrections(Settings(), folder=tmp_path)
+    assert list(results) == ["bad_cases [cases]"]
+    figs = {f.name: f for f in figures(results)}
+    exact = figs["bad_cases exact label set [cases]"]
+    assert (exact.value, exact.met, exact.target) == (0.5, False, ">= 0.90")  # 1 of the 2 labelled lines
+    assert "2 hand-written labelled pairs" in exact.note
+    assert figs["bad_cases label compliance [cases] precision / recall"].note.startswith("recall 0.0;")
+    assert {p.name for p in CORRECTIONS_DIR.glob("*.jsonl")} >= {"dev.jsonl", "heldout.jsonl"}
