@@ -9,8 +9,10 @@ The entropy detectors are also scored, side by side with the fleet, on every lab
 tests/data/entropy/ except the tuning ones (dev.jsonl and lm_traces_dev.jsonl, where their settings
 were chosen): held_out.jsonl (synthetic, independent generator) and lm_traces_test.jsonl (a real
 tiny LM served by vLLM with the tap), and any corpus added there later joins by itself. Each corpus
-is run twice, as sent by a full sender (token ids, and the sampled tokens' surprisals where the
-corpus has them) and with those dropped (entropies alone), in file order through fresh detectors,
+is run as sent by a full sender (token ids, and the sampled tokens' surprisals where the corpus
+has them), with the surprisals dropped (token ids alone: what the vLLM tap ships, since it sees the
+logits before the token is sampled) where the corpus has them, and with both dropped (entropies
+alone), in file order through fresh detectors,
 as `entroloop eval entropy` runs it; figures there are per request (a request is flagged or not).
 
 Intent similarity is measured by entroloop/benchmarks/intent.py: the model alone and the
@@ -130,14 +132,17 @@ def run_corpora(settings: Settings, folder: Path = CORPUS_DIR,
     """Every entropy detector on every reported corpus, with token ids and with entropies alone."""
     results: dict[str, dict[str, Any]] = {}
     for path in corpora(folder):
-        for with_ids in (True, False):
-            label = path.stem if with_ids else f"{path.stem}, entropies only"
+        modes = [(True, True, path.stem), (False, False, f"{path.stem}, entropies only")]
+        if '"surprisal"' in path.read_text():  # what the vLLM tap ships: ids, no surprisals
+            modes.insert(1, (True, False, f"{path.stem}, token ids without surprisals"))
+        for with_ids, with_surprisals, label in modes:
             progress(f"entropy detectors on {label}")
-            results.update(score_corpus(path, settings, with_ids, label))
+            results.update(score_corpus(path, settings, with_ids, label, with_surprisals))
     return results
 
 
-def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str) -> dict[str, dict[str, Any]]:
+def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str,
+                 with_surprisals: bool | None = None) -> dict[str, dict[str, Any]]:
     """Per-request precision and recall of each entropy detector on one labelled corpus (the
     `entroloop eval entropy` format), in file order through fresh detectors, and its events/s."""
     from entroloop.cli.eval import (  # the eval's own reader: same format, same errors
@@ -146,8 +151,8 @@ def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str) -> 
     )
 
     lines = read_jsonl(path, EntropyLine)
-    records = [line.record(f"bench-{number}-{line.id}", number, 1_700_000_000.0 + number * 0.001, "bench", with_ids)
-               for number, line in enumerate(lines)]
+    records = [line.record(f"bench-{number}-{line.id}", number, 1_700_000_000.0 + number * 0.001, "bench", with_ids,
+                           with_surprisals) for number, line in enumerate(lines)]
     truth = {r.request_id: line.label for r, line in zip(records, lines) if line.label is not None}
     load = os.getloadavg()[0]
     anomaly_rate, anomaly_out = _rate(EntropyAnomalyDetector.from_settings(settings), records)

@@ -324,9 +324,11 @@ class EntropyLine(msgspec.Struct):
             return "token_ids must be >= 0"
         return ""
 
-    def record(self, request_id: str, number: int, at: float, node: str, with_ids: bool = True):  # -> TokenEntropy
+    def record(self, request_id: str, number: int, at: float, node: str, with_ids: bool = True,
+               with_surprisals: bool | None = None):  # -> TokenEntropy
         """The line as the TokenEntropy record a serving node would send (``with_ids=False``: the
-        entropies alone, as from a sender without token ids or logprobs)."""
+        entropies alone, as from a sender without token ids or logprobs; ``with_surprisals=False``:
+        token ids but no surprisals, as the vLLM tap ships them)."""
         from entroloop.contract.ids import derived_event_id
         from entroloop.contract.records import (
             TokenEntropy,
@@ -339,7 +341,8 @@ class EntropyLine(msgspec.Struct):
             seq=number, request_id=request_id, trace_id="0" * 31 + "1", model=self.model, route=self.route,
             entropies=pack_entropies(self.entropy),
             token_hashes=pack_token_hashes(self.token_ids) if with_ids and self.token_ids is not None else b"",
-            surprisals=pack_entropies(self.surprisal) if with_ids and self.surprisal is not None else b"",
+            surprisals=pack_entropies(self.surprisal)
+            if (with_ids if with_surprisals is None else with_surprisals) and self.surprisal is not None else b"",
         )
 
 

@@ -72,3 +72,21 @@ def test_corrections_figures_skip_the_tuning_file(tmp_path: Path) -> None:
     assert "2 hand-written labelled pairs" in exact.note
     assert figs["bad_cases label compliance [cases] precision / recall"].note.startswith("recall 0.0;")
     assert {p.name for p in CORRECTIONS_DIR.glob("*.jsonl")} >= {"dev.jsonl", "heldout.jsonl"}
+
+
+def test_a_corpus_with_surprisals_is_also_scored_as_the_vllm_tap_ships_it(tmp_path: Path) -> None:
+    # gibberish that only the sampled tokens' surprisal shows: the model's entropy stays ordinary
+    hot = {"entropy": [3.5] * 60, "token_ids": list(range(60)), "surprisal": [9.0] * 60}
+    calm = {"entropy": [3.5] * 60, "token_ids": list(range(60, 120)), "surprisal": [2.0] * 60}
+    _write(tmp_path / "lm.jsonl", [
+        {"id": "hot", "model": "m", **hot, "label": {"loop": False, "gibberish": True}},
+        {"id": "calm", "model": "m", **calm, "label": {"loop": False, "gibberish": False}},
+    ])
+    results = run_corpora(Settings(entropy_evidence=True), folder=tmp_path)
+    assert {name.split(" [")[1] for name in results} == {"lm]", "lm, token ids without surprisals]",
+                                                         "lm, entropies only]"}
+    assert (results["gibberish [lm]"]["precision"], results["gibberish [lm]"]["recall"]) == (1.0, 1.0)
+    for mode in ("lm, token ids without surprisals", "lm, entropies only"):
+        assert results[f"gibberish [{mode}]"]["recall"] == 0.0, mode  # the surprisal was the only evidence
+    figs = {f.name: f for f in figures(results)}
+    assert figs["gibberish [lm, token ids without surprisals] precision / recall"].target == "P >= 0.95, R >= 0.95"
