@@ -41,8 +41,7 @@ from entroloop.collectors.gateway.audit_records import build_records
 from entroloop.collectors.gateway.config import GatewayConfig
 from entroloop.collectors.gateway.exchange import Exchange
 from entroloop.collectors.gateway.logprobs import (
-    approximate_entropies,
-    approximate_surprisals,
+    approximate_measures,
     approximate_token_hashes,
     restore_client_logprobs,
 )
@@ -242,9 +241,8 @@ class Gateway:
         exchange.response = data
         if upstream_body is body or exchange.engine == "vllm":
             return passthrough.relay(answer, BackgroundTask(self._record, exchange))  # byte for byte
-        exchange.entropies = approximate_entropies(exchange.path, data)
+        exchange.entropies, exchange.surprisals = approximate_measures(exchange.path, data)
         exchange.token_hashes = approximate_token_hashes(exchange.path, data)
-        exchange.surprisals = approximate_surprisals(exchange.path, data)
         restore_client_logprobs(exchange.path, data, client_logprobs)
         return JSONResponse(data, answer.status_code, background=BackgroundTask(self._record, exchange))
 

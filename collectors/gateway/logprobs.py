@@ -7,43 +7,35 @@ import math
 from typing import Any
 
 from entroloop.collectors.gateway.topk_entropy import (
-    chat_token_entropies,
     chat_token_hashes,
-    chat_token_surprisals,
-    completion_token_entropies,
+    chat_token_logprobs,
     completion_token_hashes,
-    completion_token_surprisals,
+    completion_token_logprobs,
+    token_measures,
 )
 
 
-def approximate_entropies(path: str, data: dict[str, Any]) -> list[float]:
-    """Per-token entropy of the first choice from its top-k logprobs."""
+def approximate_measures(path: str, data: dict[str, Any]) -> tuple[list[float], list[float] | None]:
+    """Per-token entropy of the first choice from its top-k logprobs, and its sampled tokens'
+    surprisals aligned with them (None when one token's own logprob is missing: the record then
+    goes without), reading each token's logprobs once."""
     choices = data.get("choices") or []
     if not choices:
-        return []
+        return [], []
     logprobs = choices[0].get("logprobs")
-    return chat_token_entropies(logprobs) if path.endswith("chat/completions") else completion_token_entropies(logprobs)
+    tokens = chat_token_logprobs(logprobs) if path.endswith("chat/completions") else completion_token_logprobs(logprobs)
+    entropies, surprisals = token_measures(tokens)
+    return entropies, None if any(math.isnan(v) for v in surprisals) else surprisals
 
 
 def approximate_token_hashes(path: str, data: dict[str, Any]) -> list[int] | None:
-    """Per-token hash of the first choice's sampled tokens, aligned with ``approximate_entropies``
+    """Per-token hash of the first choice's sampled tokens, aligned with ``approximate_measures``
     (None when the engine's logprobs do not name every token: the record then goes without)."""
     choices = data.get("choices") or []
     if not choices:
         return []
     logprobs = choices[0].get("logprobs")
     return chat_token_hashes(logprobs) if path.endswith("chat/completions") else completion_token_hashes(logprobs)
-
-
-def approximate_surprisals(path: str, data: dict[str, Any]) -> list[float] | None:
-    """Per-token surprisal of the first choice's sampled tokens, aligned with ``approximate_entropies``
-    (None when one token's own logprob is missing: the record then goes without)."""
-    choices = data.get("choices") or []
-    if not choices:
-        return []
-    logprobs = choices[0].get("logprobs")
-    values = chat_token_surprisals(logprobs) if path.endswith("chat/completions") else completion_token_surprisals(logprobs)
-    return None if any(math.isnan(v) for v in values) else values
 
 
 def restore_client_logprobs(path: str, data: dict[str, Any], asked: int | None) -> None:
@@ -62,4 +54,4 @@ def restore_client_logprobs(path: str, data: dict[str, Any], asked: int | None) 
             ]
 
 
-__all__ = ["approximate_entropies", "approximate_surprisals", "approximate_token_hashes", "restore_client_logprobs"]
+__all__ = ["approximate_measures", "approximate_token_hashes", "restore_client_logprobs"]

@@ -8,8 +8,7 @@ from typing import Any
 
 from entroloop.collectors.gateway.exchange import Exchange
 from entroloop.collectors.gateway.logprobs import (
-    approximate_entropies,
-    approximate_surprisals,
+    approximate_measures,
     approximate_token_hashes,
     restore_client_logprobs,
 )
@@ -71,14 +70,13 @@ class StreamCollector:
             return line
         first = [c for c in event.get("choices") or [] if isinstance(c, dict) and _index(c) == 0]
         if first:
-            entropies = approximate_entropies(self.exchange.path, {"choices": first})
+            entropies, surprisals = approximate_measures(self.exchange.path, {"choices": first})
             self.entropies += entropies
             hashes = approximate_token_hashes(self.exchange.path, {"choices": first})
             if self.token_hashes is not None and hashes is not None and len(hashes) == len(entropies):
                 self.token_hashes += hashes
             else:
                 self.token_hashes = None
-            surprisals = approximate_surprisals(self.exchange.path, {"choices": first})
             if self.surprisals is not None and surprisals is not None and len(surprisals) == len(entropies):
                 self.surprisals += surprisals
             else:

@@ -44,43 +44,21 @@ def surprisal_from_logprobs(sampled: Any, logprobs: Iterable[float]) -> float:
     return max(0.0, _log_mass(values) - float(sampled))
 
 
-def chat_token_entropies(choice_logprobs: Mapping[str, Any] | None) -> list[float]:
-    """Per generated token, from a chat choice's ``logprobs.content[i].top_logprobs``."""
+def chat_token_logprobs(choice_logprobs: Mapping[str, Any] | None) -> list[tuple[Any, list[Any]]]:
+    """(the sampled token's logprob, the top-k logprobs) per generated token of a chat choice, from
+    ``logprobs.content[i]``; a token without ``top_logprobs`` stands alone in its top k."""
     if not choice_logprobs:
         return []
     out = []
     for token in choice_logprobs.get("content") or []:
         top = token.get("top_logprobs") or [{"logprob": token.get("logprob")}]
-        out.append(entropy_from_logprobs(t.get("logprob") for t in top))
+        out.append((token.get("logprob"), [t.get("logprob") for t in top]))
     return out
 
 
-def completion_token_entropies(choice_logprobs: Mapping[str, Any] | None) -> list[float]:
-    """Per generated token, from a completion choice's ``logprobs.top_logprobs[i]`` ({token: logprob})."""
-    if not choice_logprobs:
-        return []
-    out = []
-    tops = choice_logprobs.get("top_logprobs") or []
-    sampled = choice_logprobs.get("token_logprobs") or []
-    for i, top in enumerate(tops):
-        values = list(top.values()) if top else [sampled[i] if i < len(sampled) else None]
-        out.append(entropy_from_logprobs(values))
-    return out
-
-
-def chat_token_surprisals(choice_logprobs: Mapping[str, Any] | None) -> list[float]:
-    """Per generated token (aligned with ``chat_token_entropies``), from ``logprobs.content[i].logprob``."""
-    if not choice_logprobs:
-        return []
-    out = []
-    for token in choice_logprobs.get("content") or []:
-        top = token.get("top_logprobs") or [{"logprob": token.get("logprob")}]
-        out.append(surprisal_from_logprobs(token.get("logprob"), (t.get("logprob") for t in top)))
-    return out
-
-
-def completion_token_surprisals(choice_logprobs: Mapping[str, Any] | None) -> list[float]:
-    """Per generated token (aligned with ``completion_token_entropies``), from ``logprobs.token_logprobs``."""
+def completion_token_logprobs(choice_logprobs: Mapping[str, Any] | None) -> list[tuple[Any, list[Any]]]:
+    """The same per generated token of a completion choice, from ``logprobs.top_logprobs[i]``
+    ({token: logprob}) and ``logprobs.token_logprobs[i]``."""
     if not choice_logprobs:
         return []
     out = []
@@ -88,8 +66,18 @@ def completion_token_surprisals(choice_logprobs: Mapping[str, Any] | None) -> li
     sampled = choice_logprobs.get("token_logprobs") or []
     for i, top in enumerate(tops):
         own = sampled[i] if i < len(sampled) else None
-        out.append(surprisal_from_logprobs(own, list(top.values()) if top else [own]))
+        out.append((own, list(top.values()) if top else [own]))
     return out
+
+
+def token_measures(tokens: Iterable[tuple[Any, list[Any]]]) -> tuple[list[float], list[float]]:
+    """Per token, in one pass: the approximate entropy and the sampled token's surprisal (NaN where
+    a token has no usable logprob)."""
+    entropies, surprisals = [], []
+    for sampled, top in tokens:
+        entropies.append(entropy_from_logprobs(top))
+        surprisals.append(surprisal_from_logprobs(sampled, top))
+    return entropies, surprisals
 
 
 def token_hash(token: Any, token_bytes: Any = None) -> int | None:
@@ -143,13 +131,12 @@ def completion_token_hashes(choice_logprobs: Mapping[str, Any] | None) -> list[i
 
 __all__ = [
     "TOKEN_ID_PREFIX",
-    "chat_token_entropies",
     "chat_token_hashes",
-    "chat_token_surprisals",
-    "completion_token_entropies",
+    "chat_token_logprobs",
     "completion_token_hashes",
-    "completion_token_surprisals",
+    "completion_token_logprobs",
     "entropy_from_logprobs",
     "surprisal_from_logprobs",
     "token_hash",
+    "token_measures",
 ]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from entroloop.collectors.gateway.logprobs import approximate_entropies, approximate_surprisals
+from entroloop.collectors.gateway.logprobs import approximate_measures
 from entroloop.collectors.gateway.topk_entropy import surprisal_from_logprobs
 
 
@@ -31,15 +31,16 @@ def test_chat_surprisals_line_up_with_entropies_or_are_left_out() -> None:
                {"token": "c", "logprob": math.log(0.2), "top_logprobs": [{"token": "d", "logprob": math.log(0.8)},
                                                                         {"token": "c", "logprob": math.log(0.2)}]}]
     path = "/v1/chat/completions"
-    surprisals = approximate_surprisals(path, _chat(entries))
-    assert len(surprisals) == len(approximate_entropies(path, _chat(entries))) == 2
+    entropies, surprisals = approximate_measures(path, _chat(entries))
+    assert len(surprisals) == len(entropies) == 2
+    assert entropies == pytest.approx([math.log(2), -(0.8 * math.log(0.8) + 0.2 * math.log(0.2))])
     assert surprisals == pytest.approx([math.log(2), -math.log(0.2)])
     entries[1]["logprob"] = None  # one token without its own logprob: none rather than misaligned ones
-    assert approximate_surprisals(path, _chat(entries)) is None
+    assert approximate_measures(path, _chat(entries)) == (pytest.approx(entropies), None)
 
 
 def test_completion_surprisals_from_token_logprobs() -> None:
     data = {"choices": [{"index": 0, "logprobs": {"tokens": ["x", "y"], "token_logprobs": [math.log(0.5), math.log(0.25)],
                                                   "top_logprobs": [{"x": math.log(0.5), "z": math.log(0.5)},
                                                                    {"y": math.log(0.25), "w": math.log(0.75)}]}}]}
-    assert approximate_surprisals("/v1/completions", data) == pytest.approx([math.log(2), math.log(4)])
+    assert approximate_measures("/v1/completions", data)[1] == pytest.approx([math.log(2), math.log(4)])

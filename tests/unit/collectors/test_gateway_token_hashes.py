@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 
 from entroloop.collectors.gateway.logprobs import (
-    approximate_entropies,
+    approximate_measures,
     approximate_token_hashes,
 )
 from entroloop.collectors.gateway.topk_entropy import token_hash
@@ -39,7 +39,7 @@ def test_chat_hashes_line_up_with_entropies_and_show_a_repeating_cycle() -> None
     cycle = [" and", " then", " again"]
     data = _chat([_entry(t) for t in ["Start", *cycle * 4]])
     hashes = approximate_token_hashes("/v1/chat/completions", data)
-    assert hashes is not None and len(hashes) == len(approximate_entropies("/v1/chat/completions", data)) == 13
+    assert hashes is not None and len(hashes) == len(approximate_measures("/v1/chat/completions", data)[0]) == 13
     assert hashes[1:4] == hashes[4:7] == hashes[7:10] == hashes[10:13]
     assert len(set(hashes[1:4])) == 3 and hashes[0] not in hashes[1:]
 
