@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from entroloop.collectors.gateway.logprobs import approximate_measures
 from entroloop.collectors.gateway.topk_entropy import surprisal_from_logprobs
 
