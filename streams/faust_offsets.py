@@ -26,7 +26,13 @@ handling), this module:
   handed over while flow control is suspended during a recovery (and Faust's one-offset-hole rule
   then commits past them: another silent loss). A head record that nothing is processing for
   ``REDELIVER_AFTER_S`` is fetched again by seeking back to it (found by the bad-case join restart
-  test, where it held a partition's commit for minutes: 32 of 41 feedback records committed).
+  test, where it held a partition's commit for minutes: 32 of 41 feedback records committed);
+- watches for a partition where *every* record after the committed offset was skipped: then
+  nothing is acknowledged there, Faust's commit never looks at it (it only visits partitions with
+  acknowledgements), and the hold above never fires. ``stalled_partition_check`` (run by a timer)
+  seeks such a partition back to its committed offset once it has sat ``REDELIVER_AFTER_S`` behind
+  its high watermark with nothing in flight (found in CI: a worker restarted after a SIGKILL said
+  "Ready" and then committed nothing for 120 s, 23 of 41 audit records acknowledged).
 """
 
 from __future__ import annotations
@@ -108,6 +114,45 @@ def _redeliver_head(consumer: Any, tp: Any, offset: int) -> bool:
     return True
 
 
+def stalled_partition_check(
+    consumer: Any,
+    guarded_topics: frozenset[str],
+    redeliver_after_s: float = REDELIVER_AFTER_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[], list[Any]]:
+    """A check for a timer: each assigned guarded partition that has records after its committed
+    offset (high watermark > committed) but nothing acknowledged and nothing in flight, with the same
+    committed offset for ``redeliver_after_s``, is sought back to that offset (``_redeliver_head``).
+    A partition being worked on always has a message in flight or an acknowledgement, so a healthy
+    worker is never sought back. Returns the partitions it sought, for tests and logs."""
+    idle_since: dict[Any, tuple[int, float]] = {}
+
+    def check() -> list[Any]:
+        sought = []
+        in_flight = {m.tp for m in list(consumer._unacked_messages)}
+        for tp in list(consumer.assignment()):
+            if tp.topic not in guarded_topics:
+                continue
+            committed = consumer._committed_offset.get(tp)
+            try:
+                highwater = consumer.highwater(tp)
+            except Exception:  # noqa: BLE001 - not fetched yet: nothing is known to be waiting
+                highwater = None
+            if (committed is None or highwater is None or highwater <= committed
+                    or consumer._acked.get(tp) or tp in in_flight):
+                idle_since.pop(tp, None)
+                continue
+            since = idle_since.get(tp)
+            if since is None or since[0] != committed:
+                idle_since[tp] = (committed, clock())
+            elif clock() - since[1] >= redeliver_after_s and _redeliver_head(consumer, tp, committed):
+                idle_since[tp] = (committed, clock())
+                sought.append(tp)
+        return sought
+
+    return check
+
+
 def seek_with_log_start(consumer: Any, guarded_topics: frozenset[str], faust_perform_seek: Callable[[], Awaitable[None]]):
     """``Consumer.perform_seek`` that also gives never-committed guarded partitions their log start
     offset as the committed head, so the strict commit has a head to wait for."""
@@ -136,4 +181,5 @@ def guard_consumer_offsets(consumer: Any, guarded_topics: Iterable[str]) -> None
     consumer.perform_seek = seek_with_log_start(consumer, topics, consumer.perform_seek)
 
 
-__all__ = ["ReadOffsets", "guard_consumer_offsets", "seek_with_log_start", "strict_new_offset"]
+__all__ = ["ReadOffsets", "guard_consumer_offsets", "seek_with_log_start", "stalled_partition_check",
+           "strict_new_offset"]

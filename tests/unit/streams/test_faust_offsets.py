@@ -183,3 +183,48 @@ def test_a_skipped_head_record_is_fetched_again_after_the_hold() -> None:
 
 def test_a_head_record_still_being_processed_is_not_fetched_again() -> None:
     assert _held_head(in_flight=True) == []
+
+
+def _stalled(highwater: int, acked: list[int], in_flight: bool) -> list[tuple[int, int]]:
+    """Timer checks on a partition committed at 8: the seeks they made."""
+    from entroloop.streams.faust_offsets import stalled_partition_check
+
+    consumer, topic = _consumer(guarded=True)
+    tp = TP(topic, 4)
+    now = [0.0]
+    seeks: list[tuple[int, int]] = []
+
+    async def seek(partition: TP, offset: int) -> None:
+        seeks.append((partition.partition, offset))
+
+    consumer.seek = seek
+    consumer.assignment = lambda: {tp, TP("t.entroloop-streams-bad_case_join-changelog", 4)}
+    consumer.highwater = lambda partition: highwater
+    consumer._committed_offset[tp] = 8
+    if acked:
+        consumer._acked[tp] = acked
+    message = _InFlight(tp, 12)
+    if in_flight:
+        consumer._unacked_messages.add(message)
+    check = stalled_partition_check(consumer, frozenset([topic]), redeliver_after_s=5.0, clock=lambda: now[0])
+
+    async def ticks() -> None:
+        for t in (0.0, 2.5, 4.9, 5.0, 7.5, 9.9, 10.0):
+            now[0] = t
+            check()
+            await asyncio.sleep(0)
+
+    consumer.loop.run_until_complete(ticks())
+    return seeks
+
+
+def test_a_partition_whose_every_record_was_skipped_is_fetched_again() -> None:
+    """Nothing acknowledged and nothing in flight while records wait past the committed offset: the
+    commit path never visits the partition, so the timer seeks it back, once per 5 s held."""
+    assert _stalled(highwater=20, acked=[], in_flight=False) == [(4, 8), (4, 8)]
+
+
+def test_a_partition_being_worked_on_or_caught_up_is_left_alone() -> None:
+    assert _stalled(highwater=20, acked=[], in_flight=True) == []  # a record is being processed
+    assert _stalled(highwater=20, acked=[9, 10], in_flight=False) == []  # the commit path's hold decides
+    assert _stalled(highwater=8, acked=[], in_flight=False) == []  # nothing after the committed offset
