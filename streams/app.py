@@ -64,7 +64,11 @@ from typing import Any
 import faust
 from entroloop.streams.base import Processor
 from entroloop.streams.faust_drain import install_eager_drain
-from entroloop.streams.faust_offsets import guard_consumer_offsets
+from entroloop.streams.faust_offsets import (
+    REDELIVER_AFTER_S,
+    guard_consumer_offsets,
+    stalled_partition_check,
+)
 from entroloop.streams.table_state import TableState, TableStateSpec
 
 from entroloop.contract.codec import CodecError, dead_letter_fields, decode, encode
@@ -78,6 +82,7 @@ from entroloop.infra.metrics import (
     EVENTS_IN,
     EVENTS_OUT,
     LAST_COMMIT,
+    TABLE_ENTRIES,
 )
 
 log = logging.getLogger(__name__)
@@ -240,6 +245,12 @@ class StreamsApp:
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=config.commit_interval_s,
             producer_acks=-1,
+            # No standby copies: the memory store keeps a standby partition's keys in the same
+            # mapping as the active ones, so a worker's processors would read, expire and emit for
+            # keys another worker owns (early "incomplete request" dead letters, tombstones written
+            # into the owner's changelog partitions). A partition that moves is recovered from its
+            # compacted changelog instead; the state is TTL-bounded, so that is seconds.
+            table_standby_replicas=0,
             # Outputs and changelog writes go out in batches, not one produce request each: a few
             # ms of latency for a fraction of the per-record requests (the worker's main cost).
             producer_linger=config.producer_linger_s,
@@ -283,6 +294,12 @@ class StreamsApp:
         # Faust's rebalance race can commit past records never processed (entroloop.streams.faust_offsets).
         self._guarded_topics = frozenset(config.topic_prefix + name for name in self.input_topics)
         guard_consumer_offsets(self.app.consumer, self._guarded_topics)
+        stalled = stalled_partition_check(self.app.consumer, self._guarded_topics)
+
+        async def seek_back_stalled_partitions() -> None:
+            stalled()
+
+        self.app.timer(REDELIVER_AFTER_S / 2)(seek_back_stalled_partitions)
         install_eager_drain(self.app.consumer)  # no four tasks per fetched record (entroloop.streams.faust_drain)
         self.app.timer(config.health_interval_s)(self._publish_health)
 
@@ -465,7 +482,8 @@ class StreamsApp:
 
     # --- health --------------------------------------------------------------------------------
     def health_records(self) -> list[Health]:
-        """Consumer lag per assigned partition and the age of the last commit, as Health records."""
+        """Consumer lag per assigned partition, the age of the last commit and the keys held per
+        durable state table, as Health records."""
         consumer = self.app.consumer
         now = time.time()
         commit_age = self.commits.age(consumer, self._guarded_topics)
@@ -480,6 +498,12 @@ class StreamsApp:
                 labels={"app": self.app.conf.id},
             )
         ]
+        for state in self.table_states.values():
+            entries = len(state)
+            TABLE_ENTRIES.labels("worker", state.spec.name).set(entries)
+            records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
+                                  metric="table_entries", value=float(entries),
+                                  labels={"app": self.app.conf.id, "table": state.spec.name}))
         prefix = self.config.topic_prefix
         for tp in sorted(consumer.assignment(), key=lambda t: (t.topic, t.partition)):
             if tp.topic.removeprefix(prefix) not in self.input_topics:

@@ -113,7 +113,8 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def start_worker(bootstrap: str, prefix: str, tmp: Path, metrics_port: int = 0) -> tuple[WorkerProcess, Path]:
+def start_worker(bootstrap: str, prefix: str, tmp: Path, metrics_port: int = 0,
+                 extra_env: dict[str, str] | None = None) -> tuple[WorkerProcess, Path]:
     """``entroloop worker`` on ``prefix``'s topics, with short session and commit intervals."""
     env = {
         "ENTROLOOP_METRICS_PORT": str(metrics_port),
@@ -127,6 +128,7 @@ def start_worker(bootstrap: str, prefix: str, tmp: Path, metrics_port: int = 0) 
         # live in each worker's memory and depend on the order partitions are consumed, so only the
         # static rules give the worker and the reference the very same alerts (this test is about transport).
         "ENTROLOOP_ENTROPY_EVIDENCE": "false",
+        **(extra_env or {}),
     }
     worker = WorkerProcess(tmp, "entroloop.cli", "worker", "--log-level", "info", env=env)
     return worker, worker.log_path
