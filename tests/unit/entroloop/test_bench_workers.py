@@ -39,3 +39,10 @@ def test_figures_report_medians_spreads_and_the_targets() -> None:
     assert ratio.value == 0.595 and ratio.met is True  # the median of the per-run ratios
     result["repeated"]["ratio"] = rep(0.2, 0.3, 0.4)
     assert {f.name: f for f in workers.figures(result)}["Faust / plain throughput"].met is False
+
+
+def test_the_faust_variant_starts_the_worker_with_options_the_cli_accepts() -> None:
+    # --help after the options: the parser rejects an unknown option before it shows the help
+    result = CliRunner().invoke(app, [*workers.FAUST_WORKER_ARGS, "--help"])
+    assert result.exit_code == 0, result.output
+    assert CliRunner().invoke(app, ["worker", "--loglevel", "warn", "--help"]).exit_code != 0  # the test can fail
