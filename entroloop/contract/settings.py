@@ -210,11 +210,11 @@ class Settings(BaseSettings):
         "`entroloop eval intent` on your labelled pairs, when you change INTENT_BACKEND or INTENT_HEAD."
     )
     intent_sample_rate: float = Field(
-        0.1, gt=0, le=1,
+        0.1, ge=0, le=1,
         description="Share of requests whose intent is scored, chosen by request id (the same requests on a "
         "replay and on every worker). The default scorer embeds ~20 pairs/s per core on a 2-core CPU "
         "(BENCHMARKS.md): score everything only where the worker keeps up (1.0), else a sample; fallback rates "
-        "and dashboards are per scored request.",
+        "and dashboards are per scored request. 0 turns intent scoring off (a worker then runs no embedder).",
     )
     intent_language_thresholds: dict[str, float] = Field(
         {"en": 0.864, "zh": 0.901},
