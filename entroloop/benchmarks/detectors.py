@@ -203,7 +203,9 @@ def run_corrections(settings: Settings, folder: Path = CORRECTIONS_DIR,
             value=figure["precision"], unit="precision",
             note=f"recall {figure['recall']}; support {figure['support']}; {where}",
         ) for label, figure in scored["per_label"].items()]
-        results[f"bad_cases [{path.stem}]"] = {"figures": rows}
+        # precision / recall per label are in the rows; the CLI's table and --json take exact_set
+        results[f"bad_cases [{path.stem}]"] = {"precision": None, "recall": None, "events_per_s": round(rate),
+                                              "exact_set": scored["exact_set"], "figures": rows}
     return results
 
 

@@ -42,8 +42,8 @@ def detectors(
     console.print(f"updated {out}")
     if as_json:
         # precision, recall, events/s per detector; intent adds each stage's decided share and the
-        # labelled set's AUROC / balanced accuracy where it measured them
-        extra = ("decided_share", "labelled_set")
+        # labelled set's AUROC / balanced accuracy where it measured them, the corrections their exact label set
+        extra = ("decided_share", "labelled_set", "exact_set")
         print(json.dumps({k: {m: v[m] for m in ("precision", "recall", "events_per_s")} | {m: v[m] for m in extra if m in v}
                           for k, v in results.items()}))
 

@@ -90,3 +90,11 @@ def test_a_corpus_with_surprisals_is_also_scored_as_the_vllm_tap_ships_it(tmp_pa
         assert results[f"gibberish [{mode}]"]["recall"] == 0.0, mode  # the surprisal was the only evidence
     figs = {f.name: f for f in figures(results)}
     assert figs["gibberish [lm, token ids without surprisals] precision / recall"].target == "P >= 0.95, R >= 0.95"
+
+
+def test_corrections_results_have_what_the_bench_command_prints() -> None:
+    from entroloop.benchmarks.detectors import run_corrections
+
+    for result in run_corrections(Settings()).values():  # the checked-in held-out corrections
+        assert {"precision", "recall", "events_per_s", "exact_set"} <= result.keys()
+        assert result["exact_set"] >= 0.9
