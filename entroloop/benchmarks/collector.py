@@ -61,6 +61,7 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
 
     from entroloop.collectors.vllm.entropy import entropy_per_row
     from entroloop.collectors.vllm.fused_entropy import (
+        BufferedShiftedEntropy,
         entropy_per_row_chunked,
         entropy_per_row_shifted,
         entropy_per_row_triton,
@@ -74,6 +75,7 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
         # scale 20: a confident model's long tail, a quarter of the logits where exp() is subnormal
         logits = (torch.randn(rows, vocab, generator=gen) * LOGIT_SCALE).to(device)
         candidates = {"reference": entropy_per_row, "fused_torch_one_chunk": entropy_per_row_shifted,
+                      "fused_torch_one_chunk_buffered": BufferedShiftedEntropy(),
                       "fused_torch_chunked": entropy_per_row_chunked}
         if device == "cuda" and triton_available():
             candidates["fused_triton"] = entropy_per_row_triton

@@ -74,12 +74,14 @@ def assert_agrees(got, logits, name: str) -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_torch_forms_agree_with_the_reference(name: str) -> None:
     from entroloop.collectors.vllm.fused_entropy import (
+        BufferedShiftedEntropy,
         entropy_per_row_chunked,
         entropy_per_row_shifted,
     )
 
     logits = cases()[name]
     assert_agrees(entropy_per_row_shifted(logits), logits, f"one chunk, {name}")
+    assert_agrees(BufferedShiftedEntropy(block_rows=3)(logits), logits, f"one chunk, kept buffers, {name}")
     assert_agrees(entropy_per_row_chunked(logits), logits, f"chunked, {name}")
     assert_agrees(entropy_per_row_chunked(logits, chunk=4096), logits, f"chunked by 4096, {name}")
 
@@ -155,13 +157,13 @@ def test_the_tap_uses_the_one_chunk_form_on_a_cpu_and_the_kernel_on_cuda(monkeyp
     import torch
     from entroloop.collectors.vllm import fused_entropy
     from entroloop.collectors.vllm.fused_entropy import (
+        BufferedShiftedEntropy,
         entropy_function,
-        entropy_per_row_shifted,
     )
     from entroloop.collectors.vllm.tap import EntropyTap
 
-    assert entropy_function(torch.device("cpu")) is entropy_per_row_shifted
-    assert EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy is entropy_per_row_shifted
+    assert isinstance(entropy_function(torch.device("cpu")), BufferedShiftedEntropy)
+    assert isinstance(EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy, BufferedShiftedEntropy)
     monkeypatch.setattr(fused_entropy, "triton_available", lambda: False)
     assert entropy_function(torch.device("cuda")) is fused_entropy.entropy_per_row
 
@@ -184,3 +186,27 @@ def test_a_failing_kernel_falls_back_to_the_reference_for_good(monkeypatch) -> N
     for _ in range(3):
         assert_agrees(fn(logits), logits, "fallback")
     assert calls == [1]  # tried once, then the reference from then on
+
+
+def test_the_cpu_tap_keeps_its_buffers_between_steps_and_any_batch_size_fits() -> None:
+    import torch
+    from entroloop.collectors.vllm.entropy import entropy_per_row
+    from entroloop.collectors.vllm.fused_entropy import (
+        BufferedShiftedEntropy,
+        entropy_function,
+    )
+
+    entropy = entropy_function(torch.device("cpu"))
+    assert isinstance(entropy, BufferedShiftedEntropy)
+    gen = torch.Generator().manual_seed(3)
+    first = entropy(torch.randn(5, 3000, generator=gen) * 20)
+    buffers = (entropy._y.data_ptr(), entropy._e.data_ptr())
+    for rows in (1, 8, 19, 0):  # fewer, exactly a block, several blocks, an empty step
+        logits = torch.randn(rows, 3000, generator=gen) * 20
+        got = entropy(logits)
+        assert got.shape == (rows,)
+        assert torch.allclose(got, entropy_per_row(logits), atol=1e-4)
+        assert (entropy._y.data_ptr(), entropy._e.data_ptr()) == buffers  # no new [rows, vocab] memory
+    assert first.shape == (5,) and entropy._y.shape == (8, 3000)
+    entropy(torch.randn(2, 4096, generator=gen))  # another vocabulary: buffers of its width
+    assert entropy._y.shape == (8, 4096)
