@@ -145,17 +145,23 @@ class _InFlight:
         self.tp, self.offset = tp, offset
 
 
-def _held_head(in_flight: bool) -> list[tuple[int, int]]:
-    """Commit attempts while offset 8 holds the commit (9..19 acknowledged): the seeks they made."""
+def _seeking_consumer() -> tuple[Any, str, TP, list[tuple[int, int]]]:
+    """The worker's consumer with partition 4 of a guarded topic, recording the seeks it makes."""
     consumer, topic = _consumer(guarded=True)
     tp = TP(topic, 4)
-    now = [0.0]
     seeks: list[tuple[int, int]] = []
 
     async def seek(partition: TP, offset: int) -> None:
         seeks.append((partition.partition, offset))
 
     consumer.seek = seek
+    return consumer, topic, tp, seeks
+
+
+def _held_head(in_flight: bool) -> list[tuple[int, int]]:
+    """Commit attempts while offset 8 holds the commit (9..19 acknowledged): the seeks they made."""
+    consumer, topic, tp, seeks = _seeking_consumer()
+    now = [0.0]
     consumer.assignment = lambda: {tp}
     consumer._new_offset = strict_new_offset(consumer, frozenset([topic]), lambda _tp: None,
                                              redeliver_after_s=5.0, clock=lambda: now[0])
@@ -189,15 +195,8 @@ def _stalled(highwater: int, acked: list[int], in_flight: bool) -> list[tuple[in
     """Timer checks on a partition committed at 8: the seeks they made."""
     from entroloop.streams.faust_offsets import stalled_partition_check
 
-    consumer, topic = _consumer(guarded=True)
-    tp = TP(topic, 4)
+    consumer, topic, tp, seeks = _seeking_consumer()
     now = [0.0]
-    seeks: list[tuple[int, int]] = []
-
-    async def seek(partition: TP, offset: int) -> None:
-        seeks.append((partition.partition, offset))
-
-    consumer.seek = seek
     consumer.assignment = lambda: {tp, TP("t.entroloop-streams-bad_case_join-changelog", 4)}
     consumer.highwater = lambda partition: highwater
     consumer._committed_offset[tp] = 8
