@@ -85,23 +85,25 @@ def entropy_per_row_chunked(logits: torch.Tensor, chunk: int = CHUNK) -> torch.T
     return _finish(s, t)
 
 
-def entropy_per_row_shifted(logits: torch.Tensor) -> torch.Tensor:
+def entropy_per_row_shifted(logits: torch.Tensor, y: torch.Tensor | None = None,
+                            e: torch.Tensor | None = None) -> torch.Tensor:
     """The same algorithm as one chunk, vectorised by torch: max, then ``x - max`` once, its exp, and
     two row reductions (sum, dot) — no per-element log, unlike the reference's ``entr``, and one
     ``[rows, vocab]`` float32 temporary fewer. The tap runs it with kept buffers on a CPU
     (``BufferedShiftedEntropy``, see ``entropy_function``)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+    f32 = {"dtype": torch.float32, "device": logits.device}
     m = logits.amax(dim=-1, keepdim=True).float()
-    y = torch.sub(logits, m, out=torch.empty(logits.shape, dtype=torch.float32, device=logits.device))
+    # y, e: float32 temporaries of the logits' shape, made here unless given (BufferedShiftedEntropy)
+    y = torch.sub(logits, m, out=torch.empty(logits.shape, **f32) if y is None else y)
     # A floor at -87: masked tokens (-inf) give a finite e·y instead of -inf·0 = NaN, and no exp()
     # lands in float32's subnormal range (below ~-87.3), where the CPU takes a slow path — measured
     # 10x slower on a confident model's logits, whose long tail sits exactly there. A floored token
     # adds at most e^-87·87 ~ 1e-36 nats: < 2e-31 over 151,936 tokens, far below float16's resolution.
     y.clamp_(min=MASK_FLOOR)
-    e = torch.exp(y)
-    s = e.sum(dim=-1)
-    return _finish(s, torch.linalg.vecdot(e, y))
+    e = torch.exp(y, out=torch.empty(logits.shape, **f32) if e is None else e)
+    return _finish(e.sum(dim=-1), torch.linalg.vecdot(e, y))
 
 
 class BufferedShiftedEntropy:
@@ -138,11 +140,7 @@ class BufferedShiftedEntropy:
         for start in range(0, rows, self.block_rows):
             x = logits[start : start + self.block_rows]
             n = x.shape[0]
-            y, e = y_buf[:n], e_buf[:n]
-            torch.sub(x, x.amax(dim=-1, keepdim=True).float(), out=y)
-            y.clamp_(min=MASK_FLOOR)  # see entropy_per_row_shifted
-            torch.exp(y, out=e)
-            out[start : start + n] = _finish(e.sum(dim=-1), torch.linalg.vecdot(e, y))
+            out[start : start + n] = entropy_per_row_shifted(x, y_buf[:n], e_buf[:n])
         return out
 
 
