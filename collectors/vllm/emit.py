@@ -124,6 +124,8 @@ class TokenEntropyEmitter:
             # The sampled ids themselves are the per-token hash (uint32, 4 bytes a token): a
             # detector only compares them for equality within the request, to confirm a loop.
             token_hashes=pack_token_hashes(chunk.token_ids) if chunk.token_ids else b"",
+            # pre-temperature surprisals of the sampled tokens (one step late, see EntropyTap)
+            surprisals=pack_entropies(chunk.surprisals) if chunk.surprisals else b"",
             chunk_index=chunk.chunk_index,
             first_token_index=chunk.first_token_index,
             final=chunk.final,

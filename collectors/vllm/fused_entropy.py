@@ -86,11 +86,14 @@ def entropy_per_row_chunked(logits: torch.Tensor, chunk: int = CHUNK) -> torch.T
 
 
 def entropy_per_row_shifted(logits: torch.Tensor, y: torch.Tensor | None = None,
-                            e: torch.Tensor | None = None) -> torch.Tensor:
+                            e: torch.Tensor | None = None, log_sum: torch.Tensor | None = None) -> torch.Tensor:
     """The same algorithm as one chunk, vectorised by torch: max, then ``x - max`` once, its exp, and
     two row reductions (sum, dot) — no per-element log, unlike the reference's ``entr``, and one
     ``[rows, vocab]`` float32 temporary fewer. The tap runs it with kept buffers on a CPU
-    (``BufferedShiftedEntropy``, see ``entropy_function``)."""
+    (``BufferedShiftedEntropy``, see ``entropy_function``).
+
+    Given ``log_sum`` (``[rows]`` float32), it also receives ``log(sum(exp(x - max)))``: with ``y``
+    (``x - max``, floored) that is each token's surprisal, ``log_sum - y[token]``, for free."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
     f32 = {"dtype": torch.float32, "device": logits.device}
@@ -103,7 +106,10 @@ def entropy_per_row_shifted(logits: torch.Tensor, y: torch.Tensor | None = None,
     # adds at most e^-87·87 ~ 1e-36 nats: < 2e-31 over 151,936 tokens, far below float16's resolution.
     y.clamp_(min=MASK_FLOOR)
     e = torch.exp(y, out=torch.empty(logits.shape, **f32) if e is None else e)
-    return _finish(e.sum(dim=-1), torch.linalg.vecdot(e, y))
+    s = e.sum(dim=-1)
+    if log_sum is not None:
+        torch.log(s, out=log_sum)
+    return _finish(s, torch.linalg.vecdot(e, y))
 
 
 class BufferedShiftedEntropy:
@@ -115,18 +121,29 @@ class BufferedShiftedEntropy:
     on this 2-core machine for [8, 151,936]: 4.9 ms per call with fresh temporaries, 1.3 ms with
     these (3.3 ms after 300 MB of other memory traffic, as an engine step makes) - the bulk of the tap's
     cost per engine step on Qwen2.5-0.5B's shape. The blocks bound the memory kept (two
-    ``[block_rows, vocab]`` float32 buffers) whatever the batch."""
+    ``[block_rows, vocab]`` float32 buffers) whatever the batch.
 
-    def __init__(self, block_rows: int = 8) -> None:
+    With ``keep_for_surprisal`` the shifted logits ``x - max`` of *every* row are kept until the next
+    call (one ``[rows, vocab]`` float32 buffer, grown to the largest batch seen, instead of a block),
+    with each row's ``log(sum(exp(x - max)))``: ``surprisal(rows, tokens)`` then reads the sampled
+    tokens' surprisals one step late, when vLLM has sampled them, without a copy of the logits."""
+
+    def __init__(self, block_rows: int = 8, keep_for_surprisal: bool = False) -> None:
         self.block_rows = block_rows
+        self.keep_for_surprisal = keep_for_surprisal
         self._y: torch.Tensor | None = None
         self._e: torch.Tensor | None = None
+        self._log_sum: torch.Tensor | None = None
 
     def _buffers(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        vocab = logits.shape[1]
-        if self._y is None or self._e is None or self._y.shape[1] != vocab or self._y.device != logits.device:
-            f32 = {"dtype": torch.float32, "device": logits.device}
-            self._y, self._e = torch.empty(self.block_rows, vocab, **f32), torch.empty(self.block_rows, vocab, **f32)
+        rows, vocab = logits.shape
+        y_rows = max(rows, self.block_rows) if self.keep_for_surprisal else self.block_rows
+        f32 = {"dtype": torch.float32, "device": logits.device}
+        if self._e is None or self._e.shape[1] != vocab or self._e.device != logits.device:
+            self._e, self._y = torch.empty(self.block_rows, vocab, **f32), None
+        if self._y is None or self._y.shape[0] < y_rows:
+            self._y = torch.empty(y_rows, vocab, **f32)
+            self._log_sum = torch.empty(y_rows, **f32)
         return self._y, self._e
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
@@ -140,8 +157,43 @@ class BufferedShiftedEntropy:
         for start in range(0, rows, self.block_rows):
             x = logits[start : start + self.block_rows]
             n = x.shape[0]
-            out[start : start + n] = entropy_per_row_shifted(x, y_buf[:n], e_buf[:n])
+            kept = start if self.keep_for_surprisal else 0
+            log_sum = self._log_sum[kept : kept + n] if self.keep_for_surprisal else None
+            out[start : start + n] = entropy_per_row_shifted(x, y_buf[kept : kept + n], e_buf[:n], log_sum)
         return out
+
+    def surprisal(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``-log p(tokens[i])`` under row ``rows[i]``'s softmax at the last call (float32); only
+        with ``keep_for_surprisal``. Tokens floored at ``MASK_FLOOR`` read as at most ~87 nats."""
+        if not self.keep_for_surprisal or self._y is None or self._log_sum is None:
+            raise RuntimeError("surprisal needs keep_for_surprisal=True and a call before it")
+        return self._log_sum[rows] - self._y[rows, tokens]
+
+
+class KeptLogits:
+    """Any entropy function plus a copy of the step's logits, for one-step-late surprisals on a
+    device where the reduction keeps nothing (the fused kernel writes nothing of the vocabulary's
+    size). The copy is one device-to-device ``[rows, vocab]`` memcpy into a kept buffer; the
+    log-sum-exp is computed later, only for the rows asked about."""
+
+    def __init__(self, entropy: EntropyFn) -> None:
+        self.entropy = entropy
+        self._kept: torch.Tensor | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        values = self.entropy(logits)
+        kept = self._kept
+        if kept is None or kept.shape[0] < logits.shape[0] or kept.shape[1:] != logits.shape[1:] \
+                or kept.dtype != logits.dtype or kept.device != logits.device:
+            kept = self._kept = torch.empty_like(logits)
+        kept[: logits.shape[0]].copy_(logits)
+        return values
+
+    def surprisal(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        if self._kept is None:
+            raise RuntimeError("surprisal needs a call before it")
+        picked = self._kept[rows].float()
+        return torch.logsumexp(picked, dim=-1) - picked.gather(1, tokens[:, None]).squeeze(1)
 
 
 # --- Triton ------------------------------------------------------------------------------------
@@ -253,13 +305,22 @@ def entropy_per_row_triton(logits: torch.Tensor, block: int = BLOCK) -> torch.Te
 
 
 # --- what the tap uses -------------------------------------------------------------------------
-def entropy_function(device: torch.device) -> EntropyFn:
+def entropy_function(device: torch.device, keep_for_surprisal: bool = False) -> EntropyFn:
     """The entropy reduction the tap runs on ``device``: the fused Triton kernel on CUDA (when Triton
     is importable; the reference if the kernel fails there), the one-chunk torch form with kept
     buffers on a CPU (the fastest of the measured CPU forms, `entroloop bench collector` times them
-    side by side)."""
+    side by side).
+
+    ``keep_for_surprisal``: the result also has ``surprisal(rows, tokens)`` for the last call's
+    logits (``BufferedShiftedEntropy`` keeps its shifted logits on a CPU; elsewhere ``KeptLogits``
+    keeps a copy)."""
     if torch.device(device).type != "cuda":
-        return BufferedShiftedEntropy()
+        return BufferedShiftedEntropy(keep_for_surprisal=keep_for_surprisal)
+    fn = _device_entropy_function()
+    return KeptLogits(fn) if keep_for_surprisal else fn
+
+
+def _device_entropy_function() -> EntropyFn:
     if not triton_available():
         return entropy_per_row
     state = {"fn": entropy_per_row_triton}

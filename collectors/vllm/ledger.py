@@ -42,6 +42,9 @@ class RequestTrace:
     chunk_index: int = 0
     values: list[float] = field(default_factory=list)
     non_finite: int = 0  # values that were NaN/Inf (replaced by 0 when shipped) — counted, not hidden
+    # The sampled tokens' surprisals by the same positions as ``values`` (credited one step late,
+    # once vLLM has sampled the token); NaN where one is missing, which keeps the chunk without them.
+    surprisals: list[float] = field(default_factory=list)
 
     def position(self) -> int:
         """Output-token position of the token sampled from this step's logits."""
@@ -64,6 +67,19 @@ class RequestTrace:
             self.values[index] = value
             del self.values[index + 1 :]
 
+    def record_surprisal(self, position: int, value: float) -> None:
+        """Store the surprisal of the token sampled at ``position`` (same positions as ``record``)."""
+        index = position - self.base
+        if index < 0:
+            return
+        if index > len(self.surprisals):
+            self.surprisals.extend([math.nan] * (index - len(self.surprisals)))
+        if index == len(self.surprisals):
+            self.surprisals.append(value)
+        else:
+            self.surprisals[index] = value
+            del self.surprisals[index + 1 :]
+
 
 @dataclass(frozen=True)
 class ShippedChunk:
@@ -77,6 +93,8 @@ class ShippedChunk:
     final: bool
     token_ids: list[int] | None = None
     """The sampled token id of each value (same length), or None when the runner gave no id list."""
+    surprisals: list[float] | None = None
+    """The sampled token's surprisal for each value (same length), or None when any is missing."""
 
 
 @dataclass(frozen=True)
@@ -183,8 +201,9 @@ class RowLedger:
                 head, trace.values = trace.values[: self.chunk_tokens], trace.values[self.chunk_tokens :]
                 shipped.append(
                     ShippedChunk(trace.request_id, trace.trace_id, head, trace.chunk_index, trace.base, False,
-                                 _sampled_ids(trace, len(head)))
+                                 _sampled_ids(trace, len(head)), _surprisals(trace, len(head)))
                 )
+                trace.surprisals = trace.surprisals[len(head) :]
                 trace.chunk_index += 1
                 trace.base += len(head)
         return shipped
@@ -213,7 +232,7 @@ class RowLedger:
             # thrown away, e.g. the request was aborted meanwhile).
             values = values[: max(0, len(trace.output_token_ids) - trace.base)]
         chunk = ShippedChunk(trace.request_id, trace.trace_id, values, trace.chunk_index, trace.base, final,
-                             _sampled_ids(trace, len(values)))
+                             _sampled_ids(trace, len(values)), _surprisals(trace, len(values)))
         self._next_chunk[trace.request_id] = (trace.chunk_index + 1, trace.base + len(values), trace.trace_id)
         while len(self._next_chunk) > RESUMABLE_MEMORY:
             self._next_chunk.popitem(last=False)
@@ -236,12 +255,39 @@ def _sampled_ids(trace: RequestTrace, count: int) -> list[int] | None:
     return ids
 
 
+def _surprisals(trace: RequestTrace, count: int) -> list[float] | None:
+    """The first ``count`` surprisals, or None unless every one of them was credited (finite)."""
+    head = trace.surprisals[:count]
+    if count == 0 or len(head) != count or not all(math.isfinite(v) for v in head):
+        return None
+    return head
+
+
 def credit(snapshot: Sequence[tuple[RequestTrace, int] | None], values: Sequence[float]) -> None:
     """Credit one step's per-row entropies to the requests captured in ``snapshot``."""
     for entry, value in zip(snapshot, values):
         if entry is not None:
             trace, position = entry
             trace.record(position, float(value))
+
+
+def credit_surprisals(owners: Sequence[tuple[RequestTrace, int]], values: Sequence[float]) -> None:
+    """Credit surprisals to ``(request, position)`` owners (one per value)."""
+    for (trace, position), value in zip(owners, values):
+        trace.record_surprisal(position, float(value))
+
+
+def sampled_token(entry: tuple[RequestTrace, int] | None) -> int | None:
+    """The id vLLM sampled for ``entry``'s position, once it is in the request's output list (None
+    before that, without a list, or for an asynchronous scheduler's placeholder < 0)."""
+    if entry is None:
+        return None
+    trace, position = entry
+    ids = trace.output_token_ids
+    if ids is None or len(ids) <= position:
+        return None
+    token = ids[position]
+    return token if token >= 0 else None
 
 
 ChunkSink = Callable[[ShippedChunk], None]

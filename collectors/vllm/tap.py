@@ -20,6 +20,8 @@ from entroloop.collectors.vllm.ledger import (
     RowLedger,
     ShippedChunk,
     credit,
+    credit_surprisals,
+    sampled_token,
 )
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,15 @@ class EntropyTap:
     """Computes full-vocabulary entropy per logits row and ships it per request.
 
     Per step: one reduction over ``[rows, vocab]`` on the logits' device, one ``[rows]`` float32
-    copy to the host (asynchronous on CUDA). The logits are never modified or copied in full.
+    copy to the host (asynchronous on CUDA). The logits are never modified.
+
+    Surprisals (``surprisal=True``): the sampled token's ``-log p`` under the same distribution as
+    the entropy. vLLM samples *after* the logits processors, so a step's token is known only at the
+    next step (or batch update), when it is in the request's output-id list: the reduction keeps
+    what it needs until then (``entropy_function(..., keep_for_surprisal=True)``: on a CPU the
+    shifted logits it writes anyway, elsewhere a device copy of the logits), and the surprisals of
+    the previous step's rows are gathered before this step's logits replace them. They travel to
+    the host like the entropies. Without token ids (Model Runner V2) there are none.
     """
 
     def __init__(
@@ -39,11 +49,17 @@ class EntropyTap:
         max_rows: int,
         pin_memory: bool = False,
         chunk_tokens: int = 4096,
+        surprisal: bool = True,
     ) -> None:
         self.emit = emit
+        self.device = device
         self.ledger = RowLedger(chunk_tokens=chunk_tokens)
         self.transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
-        self.entropy = entropy_function(device)  # fused on CUDA (entroloop.collectors.vllm.fused_entropy)
+        self.surprisal_transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
+        # fused on CUDA (entroloop.collectors.vllm.fused_entropy); keeps the step's logits for surprisals
+        self.entropy = entropy_function(device, keep_for_surprisal=surprisal)
+        self.surprisal = surprisal
+        self._pending: list | None = None  # last step's snapshot, whose tokens are not sampled yet
         self.steps = 0
 
     # --- called by the adapter ---------------------------------------------------------------
@@ -53,6 +69,7 @@ class EntropyTap:
         """Apply a batch update; requests leaving the batch are shipped."""
         # A leaving request's last values may still be in flight: land them first. This waits
         # only for copies of steps that already finished sampling, so it is (almost) free.
+        self._gather_surprisals()
         self._credit_landed(block=bool(removed or added or moved))
         self._emit_all(self.ledger.apply_update(removed, added, moved))
 
@@ -67,15 +84,37 @@ class EntropyTap:
         self._reduce(logits, self.ledger.snapshot_slots(slots, positions))
 
     def _reduce(self, logits: torch.Tensor, snapshot: list) -> None:
+        self._gather_surprisals()  # before this step's logits replace the last step's
         if not any(entry is not None for entry in snapshot):
             return
         with torch.no_grad():
             values = self.entropy(logits)
         self.transfer.submit(values, snapshot)
+        self._pending = snapshot if self.surprisal else None
         self.steps += 1
+
+    def _gather_surprisals(self) -> None:
+        """The surprisals of the tokens vLLM sampled from the last reduced step's rows."""
+        pending, self._pending = self._pending, None
+        if not pending:
+            return
+        rows, tokens, owners = [], [], []
+        for row, entry in enumerate(pending):
+            token = sampled_token(entry)
+            if token is not None:
+                rows.append(row)
+                tokens.append(token)
+                owners.append(entry)
+        if not rows:
+            return
+        with torch.no_grad():
+            index = torch.tensor([rows, tokens], dtype=torch.long).to(self.device, non_blocking=True)
+            values = self.entropy.surprisal(index[0], index[1])  # type: ignore[attr-defined]
+        self.surprisal_transfer.submit(values, owners)
 
     def flush(self) -> None:
         """Land everything in flight and ship every request still in the batch (shutdown)."""
+        self._gather_surprisals()
         self._credit_landed(block=True)
         self._emit_all(self.ledger.ship_all())
 
@@ -83,6 +122,8 @@ class EntropyTap:
     def _credit_landed(self, block: bool) -> None:
         for step in self.transfer.collect(block=block):
             credit(step.owners, step.host.tolist())
+        for step in self.surprisal_transfer.collect(block=block):
+            credit_surprisals(step.owners, step.host.tolist())
         self._emit_all(self.ledger.drain_long())
 
     def _emit_all(self, chunks: Iterable[ShippedChunk]) -> None:

@@ -100,6 +100,7 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
                 max_rows=vllm_config.scheduler_config.max_num_seqs,
                 pin_memory=bool(pin_memory),
                 chunk_tokens=settings.entropy_chunk_tokens,
+                surprisal=settings.entropy_tap_surprisal,
             )
         log.info("entroloop entropy tap: %s (%s interface)", "on" if self.enabled else "off", self.mode)
 

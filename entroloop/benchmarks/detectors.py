@@ -133,7 +133,9 @@ def run_corpora(settings: Settings, folder: Path = CORPUS_DIR,
     results: dict[str, dict[str, Any]] = {}
     for path in corpora(folder):
         modes = [(True, True, path.stem), (False, False, f"{path.stem}, entropies only")]
-        if '"surprisal"' in path.read_text():  # what the vLLM tap ships: ids, no surprisals
+        # ids and no surprisals: what a tap with ENTROLOOP_ENTROPY_TAP_SURPRISAL=false ships (the tap
+        # ships both by default, gathered one step late, and the gateway gets both from vLLM's logprobs)
+        if '"surprisal"' in path.read_text():
             modes.insert(1, (True, False, f"{path.stem}, token ids without surprisals"))
         for with_ids, with_surprisals, label in modes:
             progress(f"entropy detectors on {label}")

@@ -474,6 +474,13 @@ class Settings(BaseSettings):
     entropy_chunk_tokens: int = Field(
         4096, ge=1, description="Tokens per TokenEntropy record; longer generations ship several chunks."
     )
+    entropy_tap_surprisal: bool = Field(
+        True,
+        description="Also ship each sampled token's surprisal (-log p before temperature), which the "
+        "gibberish detector needs on real models: high-temperature text is told by its tokens' "
+        "surprisal, not by the entropy. Costs a kept copy of one step's logits rows (on a CPU the "
+        "shifted logits the reduction writes anyway: rows x vocab x 4 bytes); false drops it.",
+    )
 
     # --- spans and the audit gateway (collectors/otel_exporter.py, collectors/gateway/) ----------
     otel_spans_enabled: bool = Field(

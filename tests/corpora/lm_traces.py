@@ -156,9 +156,10 @@ def _read_tap_records(folder: Path) -> list:
 
 
 def tap_entropies(
-    folder: Path, expected: set[str], timeout_s: float = 60.0
+    folder: Path, expected: set[str], timeout_s: float = 60.0, field: str = "values"
 ) -> dict[str, list[float]]:
-    """Per request id, the tap's entropies (chunks joined in order) once its final chunk arrived."""
+    """Per request id, the tap's entropies (chunks joined in order) once its final chunk arrived;
+    ``field="surprisal_values"``: its surprisals instead (empty where a chunk shipped none)."""
     deadline = time.monotonic() + timeout_s
     while True:
         records = _read_tap_records(folder)
@@ -178,7 +179,7 @@ def tap_entropies(
         request_id: [
             float(v)
             for r in sorted(parts, key=lambda r: r.first_token_index)
-            for v in r.values()
+            for v in (getattr(r, field)() if getattr(r, field)() is not None else ())
         ]
         for request_id, parts in chunks.items()
         if request_id in expected
@@ -253,6 +254,7 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
     ]
     outputs = llm.generate([r.prompt for r in requests], params, use_tqdm=False)
     entropies = tap_entropies(sink_folder, {r.id for r in requests})
+    tap_surprisals = tap_entropies(sink_folder, {r.id for r in requests}, field="surprisal_values")
     tokenizer = llm.get_tokenizer()
     traces = []
     for request, output in zip(requests, outputs):
@@ -277,6 +279,7 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
                 "entropy": [round(v, 4) for v in values],
                 "token_ids": token_ids,
                 "surprisal": surprisal,
+                "tap_surprisal": [round(v, 4) for v in tap_surprisals[request.id]],  # not stored: checked
                 "prompt_token_ids": list(output.prompt_token_ids),
                 "text": decode(tokenizer, token_ids),
                 "request": request,

@@ -103,9 +103,12 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
     )
     params = [
         SamplingParams(
-            temperature=0.0,
+            # greedy, and sampled for every other request (tokens the model did not rank first)
+            temperature=1.0 if i % 2 else 0.0,
+            seed=i,
             max_tokens=n,
             ignore_eos=True,
+            logprobs=0,  # the sampled token's logprob, the model's own (vLLM's default raw mode)
             extra_args={"entroloop_request_id": f"req-{i}", "entroloop_trace_id": f"{i:032x}",
                         **({"entroloop_route": "support"} if i % 2 else {})},
         )
@@ -118,7 +121,7 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
     by_id = {r.request_id: r for r in records}
     assert sorted(by_id) == sorted(f"req-{i}" for i in range(len(PROMPTS))), [r.request_id for r in records]
     assert len(records) == len(PROMPTS), "one record per request (no duplicate, no split)"
-    worst = 0.0
+    worst = surprisal_worst = 0.0
     for i, output in enumerate(outputs):
         record = by_id[f"req-{i}"]
         generated = list(output.outputs[0].token_ids)
@@ -140,8 +143,17 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
         error = np.abs(shipped - expected)
         worst = max(worst, float(error.max()))
         assert error.max() <= TOLERANCE, (i, shipped, expected)
+        # The tap's surprisals (gathered one step late) are vLLM's own sampled-token logprobs.
+        surprisals = record.surprisal_values()
+        assert surprisals is not None, f"req-{i}: the tap shipped no surprisals"
+        engine = [-step[token].logprob for step, token in zip(output.outputs[0].logprobs, generated)]
+        np.testing.assert_allclose(surprisals.astype(np.float64), engine, rtol=2e-3, atol=1e-3)
+        surprisal_worst = max(surprisal_worst, float(np.abs(surprisals - np.array(engine)).max()))
     # The values must actually distinguish requests, or "not mixed" would be vacuous.
     firsts = {round(float(by_id[f"req-{i}"].values()[0]), 2) for i in range(len(PROMPTS))}
     assert len(firsts) >= len(PROMPTS) - 1
-    print(f"worst |tap - reference| = {worst:.2e} nats over {sum(MAX_TOKENS)} tokens")
+    sampled = [s for i, o in enumerate(outputs) if i % 2 for s in by_id[f"req-{i}"].surprisal_values()]
+    assert max(sampled) > 1.0, "sampled requests must include tokens the model did not rank first"
+    print(f"worst |tap - reference| = {worst:.2e} nats over {sum(MAX_TOKENS)} tokens; "
+          f"worst |tap surprisal - vLLM logprob| = {surprisal_worst:.2e}")
 

@@ -113,6 +113,11 @@ def test_surprisals_are_the_sampled_tokens_own_and_exceed_entropy_only_when_hot(
         # wrong position or under temperature is off by nats
         error = np.abs(np.array(trace["surprisal"]) - expected)
         assert error.max() <= 0.05, (trace["id"], int(error.argmax()))
+        # The tap ships the same surprisals itself (gathered one step late from the logits it kept),
+        # so a node without the gateway's logprobs still has the gibberish evidence.
+        assert len(trace["tap_surprisal"]) == len(expected), trace["id"]
+        tap_error = np.abs(np.array(trace["tap_surprisal"]) - expected)
+        assert tap_error.max() <= 0.02 + 2e-3 * expected.max(), (trace["id"], int(tap_error.argmax()))
     excess = {
         regime: [
             float(np.median(np.array(t["surprisal"]) - np.array(t["entropy"])))

@@ -210,3 +210,59 @@ def test_the_cpu_tap_keeps_its_buffers_between_steps_and_any_batch_size_fits() -
     assert first.shape == (5,) and entropy._y.shape == (8, 3000)
     entropy(torch.randn(2, 4096, generator=gen))  # another vocabulary: buffers of its width
     assert entropy._y.shape == (8, 4096)
+
+
+def reference_surprisal(logits, rows, tokens):
+    """-log_softmax in float64 at (rows[i], tokens[i])."""
+    import torch
+
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    return -logp[torch.as_tensor(rows), torch.as_tensor(tokens)]
+
+
+@pytest.mark.parametrize("form", ["cpu-kept-shifted", "kept-logits"])
+def test_kept_forms_give_the_last_steps_surprisals_and_the_same_entropies(form: str) -> None:
+    """What the tap gathers one step late: -log p(token) of the last call's rows, for rows in any
+    block, at every scale, with masked tokens; the entropies are those of the plain forms."""
+    import torch
+    from entroloop.collectors.vllm.entropy import entropy_per_row
+    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy, KeptLogits
+
+    fn = BufferedShiftedEntropy(keep_for_surprisal=True) if form == "cpu-kept-shifted" else KeptLogits(entropy_per_row)
+    gen = torch.Generator().manual_seed(5)
+    for rows, scale in ((19, 1.0), (3, 30.0), (12, 4.0)):  # several blocks, fewer rows, then more again
+        logits = torch.randn(rows, 5001, generator=gen) * scale
+        logits[1, 4000:] = -math.inf
+        got = fn(logits)
+        assert torch.allclose(got, entropy_per_row(logits), atol=1e-4)
+        picked_rows = list(range(rows))[::-1] + [1]
+        # every other token among the row's 50 likeliest (what a sampler picks), the rest anywhere
+        top = logits.topk(50, dim=-1).indices
+        tokens = [int(top[r, int(torch.randint(0, 50, (1,), generator=gen))]) if i % 2 else
+                  int(torch.randint(0, 4000, (1,), generator=gen)) for i, r in enumerate(picked_rows)]
+        tokens[0] = int(logits[picked_rows[0]].argmax())  # the likeliest token: surprisal near its floor
+        surprisal = fn.surprisal(torch.tensor(picked_rows), torch.tensor(tokens))
+        expected = reference_surprisal(logits, picked_rows, tokens)
+        assert surprisal.dtype == torch.float32
+        # A token more than 87 nats below the top is floored by the CPU form (never sampled: p < e^-87)
+        sampleable = expected < 80
+        assert sampleable.sum() >= 2, "the case must hold tokens a sampler could pick"
+        error = (surprisal.double() - expected)[sampleable].abs().max().item()
+        assert error < 1e-4 * max(1.0, scale), (form, rows, scale, error)
+        assert (surprisal[~sampleable] >= 80).all()
+    # a token masked to -inf: the CPU form floors it (~87 nats or more), the copy gives inf
+    masked = fn.surprisal(torch.tensor([1]), torch.tensor([4500])).item()
+    assert masked > 80
+
+
+def test_the_tap_asks_for_kept_logits_only_when_surprisals_are_on() -> None:
+    import torch
+    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy, entropy_function
+
+    kept = entropy_function(torch.device("cpu"), keep_for_surprisal=True)
+    plain = entropy_function(torch.device("cpu"))
+    assert isinstance(kept, BufferedShiftedEntropy) and kept.keep_for_surprisal
+    assert not plain.keep_for_surprisal
+    plain(torch.randn(2, 10))
+    with pytest.raises(RuntimeError, match="keep_for_surprisal"):
+        plain.surprisal(torch.tensor([0]), torch.tensor([0]))

@@ -60,6 +60,7 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
     gen = torch.Generator().manual_seed(0)
     outputs = {"a": [], "b": [], "c": []}
     expected: dict[str, list[float]] = {k: [] for k in outputs}
+    surprisals: dict[str, list[float]] = {k: [] for k in outputs}
 
     def run_step(owners: list[str]) -> None:
         logits = torch.randn(len(owners), 500, generator=gen) * torch.arange(1, len(owners) + 1).unsqueeze(1)
@@ -68,7 +69,10 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
         assert out is logits and torch.equal(out, before)  # unchanged, not copied
         for row, owner in enumerate(owners):
             expected[owner].append(reference(before[row].numpy()))
-            outputs[owner].append(1)
+            # vLLM samples after the processors and appends the id to the request's list
+            token = int(torch.randint(0, 500, (1,), generator=gen))
+            surprisals[owner].append(-float(torch.log_softmax(before[row].double(), -1)[token]))
+            outputs[owner].append(token)
 
     proc.update_state(
         BatchUpdate(batch_size=2, removed=[], moved=[],
@@ -93,6 +97,9 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
     for request_id, values in expected.items():
         record = by_id[request_id]
         np.testing.assert_allclose(record.values().astype(np.float64), values, atol=2e-3)
+        # each sampled token's surprisal, gathered one step late (float16 on the wire)
+        np.testing.assert_allclose(record.surprisal_values().astype(np.float64), surprisals[request_id], rtol=2e-3)
+        assert record.hashes().tolist() == outputs[request_id]
         assert record.model == "tiny" and record.node_id == "unit-node" and record.final
     assert len({r.seq for r in SHIPPED}) == 3
 

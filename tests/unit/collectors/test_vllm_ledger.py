@@ -10,7 +10,14 @@ from __future__ import annotations
 import random
 
 import pytest
-from entroloop.collectors.vllm.ledger import AddedRow, MovedRow, RowLedger, credit
+from entroloop.collectors.vllm.ledger import (
+    AddedRow,
+    MovedRow,
+    RowLedger,
+    credit,
+    credit_surprisals,
+    sampled_token,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -215,3 +222,49 @@ def test_random_schedules_never_mix_requests(seed: int) -> None:
         assert all(c.token_ids is not None and len(c.token_ids) == len(c.values) for c in chunks if c.values), rid
         assert sum((c.token_ids or [] for c in chunks), []) == [int(v) for v in values], rid
         assert [c.chunk_index for c in chunks] == list(range(len(chunks)))
+
+
+def test_surprisals_ship_with_their_chunk_only_when_every_one_was_credited() -> None:
+    """Surprisals arrive one step late, by position, like the entropies; a chunk carries them only
+    when each of its tokens has one (a gap would misalign them), and long generations split them
+    with the values."""
+    ledger = RowLedger(chunk_tokens=4)
+    outputs: dict[str, list[int]] = {"r1": [], "r2": []}
+    ledger.apply_update([], [AddedRow(0, "r1", output_token_ids=outputs["r1"]),
+                             AddedRow(1, "r2", output_token_ids=outputs["r2"])], [])
+    pending = None
+    for t in range(6):
+        if pending is not None:  # the last step's tokens are sampled now: credit their surprisals
+            owners = [entry for entry in pending if sampled_token(entry) is not None]
+            if t != 3:  # one step's surprisal of r2 never arrives
+                credit_surprisals(owners, [sampled_token(e) / 1000 for e in owners])
+            else:
+                credit_surprisals(owners[:1], [sampled_token(owners[0]) / 1000])
+        pending = ledger.snapshot(2)
+        step_values = [value_of(e[0].request_id, e[1]) for e in pending]
+        credit(pending, step_values)
+        for entry in pending:
+            outputs[entry[0].request_id].append(int(value_of(entry[0].request_id, entry[1])))
+    owners = [entry for entry in pending if sampled_token(entry) is not None]
+    credit_surprisals(owners, [sampled_token(e) / 1000 for e in owners])
+    chunks = ledger.drain_long() + ledger.ship_all()
+    by_id: dict[str, list] = {}
+    for c in chunks:
+        by_id.setdefault(c.request_id, []).append(c)
+    assert [c.surprisals for c in by_id["r1"]] == [[0.1, 0.101, 0.102, 0.103], [0.104, 0.105]]
+    # r2's token at position 2 (step 2, credited at step 3) has none: its first chunk goes without
+    assert [c.surprisals for c in by_id["r2"]] == [None, [0.204, 0.205]]
+    assert [c.values for c in by_id["r2"]] == [[200, 201, 202, 203], [204, 205]]
+
+
+def test_a_token_is_known_only_once_sampled_and_never_as_a_placeholder() -> None:
+    ledger = RowLedger()
+    outputs: list[int] = []
+    ledger.apply_update([], [AddedRow(0, "r1", output_token_ids=outputs), AddedRow(1, "r2")], [])
+    entry, no_list = ledger.snapshot(2)
+    assert sampled_token(entry) is None  # not sampled yet
+    outputs.append(-1)
+    assert sampled_token(entry) is None  # an asynchronous scheduler's placeholder
+    outputs[0] = 42
+    assert sampled_token(entry) == 42
+    assert sampled_token(no_list) is None and sampled_token(None) is None
