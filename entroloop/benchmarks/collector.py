@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from entroloop.benchmarks.repeats import DEFAULT_RUNS, repeat, repeat_many
 from entroloop.collectors.vllm.bench import (
@@ -53,6 +54,25 @@ def run(work: Workload, runs: int = DEFAULT_RUNS, python: str = sys.executable, 
             "reduction": reduction_timings(work.max_num_seqs, work.vocab, runs=runs)}
 
 
+def tap_step(device: Any, rows: int, vocab: int, surprisal: bool) -> Callable[[Any], None]:
+    """One engine step as the tap sees it: ``on_logits`` for ``rows`` running requests, then vLLM
+    samples a token for each (appended to their id lists, which the next step's gather reads)."""
+    from entroloop.collectors.vllm.ledger import AddedRow
+    from entroloop.collectors.vllm.tap import EntropyTap
+
+    tap = EntropyTap(lambda chunk: None, device, max_rows=rows, surprisal=surprisal)
+    ids: list[list[int]] = [[] for _ in range(rows)]
+    tap.on_batch_update([], [AddedRow(i, f"bench-{i}", "", ids[i]) for i in range(rows)], [])
+
+    def step(logits: Any) -> None:
+        tap.on_logits(logits)
+        for i, sampled in enumerate(ids):
+            sampled.append((len(sampled) * 7919 + i) % vocab)
+        tap._credit_landed(block=True)  # the values on the host, as the next step would find them
+
+    return step
+
+
 def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: int = 30) -> dict:
     """µs per call of each entropy reduction on ``[rows, vocab]`` float32 logits, on this machine's
     CPU and, when CUDA is available, on the GPU (the fused Triton kernel there). Median of ``calls``
@@ -79,6 +99,10 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
                       "fused_torch_chunked": entropy_per_row_chunked}
         if device == "cuda" and triton_available():
             candidates["fused_triton"] = entropy_per_row_triton
+        # the tap's whole step (reduction, ledger, hand-off to the host), without and with the
+        # one-step-late surprisals: what keeping the logits and gathering the sampled tokens costs
+        candidates["tap_step_entropy_only"] = tap_step(torch.device(device), rows, vocab, surprisal=False)
+        candidates["tap_step_with_surprisals"] = tap_step(torch.device(device), rows, vocab, surprisal=True)
         for name, fn in candidates.items():
             fn(logits)  # warm-up (and the Triton compile)
 
