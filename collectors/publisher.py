@@ -9,8 +9,10 @@ to a local append-only spool file (``entroloop.collectors.spool``) and are repla
 probe reaches the broker again. While the spool holds anything, new records are appended behind it,
 and records librdkafka held unsent when the outage began are purged back into the spool first, so
 replay keeps each key's publish order (records already in flight when the broker vanished are
-spooled when they time out; they may also have landed: at-least-once, deduplicated by event_id). If the queue is full (the thread cannot
-keep up), the caller's record goes straight to the spool. A record is dropped only when the spool
+spooled when they time out; they may also have landed: at-least-once, deduplicated by event_id).
+A topic that librdkafka's metadata does not hold (just created and not yet seen by the broker that
+answered, or not created yet) is handled the same way: its records wait in the spool, they are not
+dropped. If the queue is full (the thread cannot keep up), the caller's record goes straight to the spool. A record is dropped only when the spool
 has reached its disk limit; that is counted (``dropped``) and logged as an error.
 
 Counters (``stats()``): ``sent`` (delivered live), ``spooled``, ``replayed``
@@ -95,8 +97,17 @@ _TRANSIENT_CODES = {
     KafkaError.NETWORK_EXCEPTION,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError._UNKNOWN_PARTITION,
+    # The client's metadata does not hold the topic (yet): right after CreateTopics it may not
+    # have reached the broker that answered (librdkafka #2858, #4904), or the operator has still to
+    # create it. The record is fine; it waits in the spool until the topic is there.
+    KafkaError._UNKNOWN_TOPIC,
     KafkaError._DESTROY,
 }
+
+
+def _transient(err: KafkaError) -> bool:
+    """True when the broker or the metadata (not the record) is the problem: spool and retry."""
+    return err.code() in _TRANSIENT_CODES or err.retriable()
 
 
 @dataclass
@@ -296,6 +307,17 @@ class Publisher:
                         self._spool_encoded(prefix + record.topic, record.request_id.encode(), value)
                         return
                 except KafkaException as exc:
+                    if _transient(exc.args[0]):
+                        # produce() itself said "not now" (e.g. a topic its metadata lacks). As in
+                        # an outage: the record goes back to the head of the queue, so the outage
+                        # path spools it after what librdkafka still holds (publish order).
+                        self._counts["delivery_errors"] += 1
+                        log.warning("publisher: cannot produce to %s yet (%s); spooling until it can",
+                                    prefix + record.topic, exc.args[0].name())
+                        queue.appendleft(record)
+                        self._outage = True
+                        self._last_probe = time.monotonic()
+                        return
                     self._counts["failed"] += 1
                     log.error("publisher: producer refused a %s record: %s", record.topic, exc)
                     break
@@ -369,13 +391,20 @@ class Publisher:
             return on_delivery
 
         produce = self._producer.produce
-        for message in pending:
-            while True:
-                try:
-                    produce(message.topic, message.value, message.key, on_delivery=on_delivery_of(message.end))
-                    break
-                except BufferError:
-                    self._producer.poll(0.05)
+        for number, message in enumerate(pending):
+            try:
+                while True:
+                    try:
+                        produce(message.topic, message.value, message.key, on_delivery=on_delivery_of(message.end))
+                        break
+                    except BufferError:
+                        self._producer.poll(0.05)
+            except KafkaException as exc:
+                # Not sent (e.g. the topic is still unknown): this attempt stops here, the spool
+                # keeps the record and the rest; the replay resumes after the next probe.
+                log.warning("publisher: replay cannot produce to %s (%s)", message.topic, exc.args[0].name())
+                pending = pending[:number]
+                break
         # Wait for every record's report: librdkafka reports each one within delivery_timeout_ms
         # (success or failure). Giving up earlier would replay records that are still on their way.
         deadline = time.monotonic() + 2 * self.config.delivery_timeout_ms / 1000 + 5
@@ -401,7 +430,7 @@ class Publisher:
         if err is None:
             self._counts["sent"] += 1
             return
-        if err.code() in _TRANSIENT_CODES or err.retriable():
+        if _transient(err):
             self._counts["delivery_errors"] += 1
             self._outage = True
             self._spool_encoded(msg.topic(), msg.key() or b"", msg.value() or b"")

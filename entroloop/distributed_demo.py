@@ -132,7 +132,7 @@ def run(settings: Settings, requests: int, seed: int, status: Callable[[str], No
         raw.flush(60)
         if not publisher.flush(120):
             raise RuntimeError("the publisher could not deliver every record within 120 s")
-        publisher.close(timeout=5.0)
+        publisher_stats = publisher.close(timeout=5.0)
         inputs = sorted({prefix + TOPIC_BY_TYPE[t].name for p in default_processors(settings) for t in p.inputs})
         _wait_for_worker(bootstrap, inputs, prefix + STREAMS_GROUP, settings.partitions, timeout_s, status)
     finally:
@@ -156,4 +156,7 @@ def run(settings: Settings, requests: int, seed: int, status: Callable[[str], No
     emitted = dict(truth.emitted)
     emitted.update({t.name: n for t, n in zip(derived, _distinct_ids(bootstrap, [prefix + t.name for t in derived]).values())})
     client = connect(settings.resolved_clickhouse_dsn())
-    return summarize(client, settings.clickhouse_database, truth, emitted, open_worm_store(settings))
+    summary = summarize(client, settings.clickhouse_database, truth, emitted, open_worm_store(settings))
+    # sent / spooled / replayed / failed / dropped: where a record went missing, if one did
+    summary["publisher"] = publisher_stats
+    return summary

@@ -25,7 +25,9 @@ def test_demo_through_kafka_loses_nothing_and_finds_everything(kafka_bootstrap, 
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["transport"] == f"kafka://{kafka_bootstrap}"
     assert summary["events_emitted"]["entroloop.tokens.v1"] == 600
-    assert summary["lost"] == {}, summary["lost"]
+    publisher = summary["publisher"]
+    assert publisher["failed"] == publisher["dropped"] == 0, (publisher, proc.stderr[-3000:])
+    assert summary["lost"] == {}, (summary["lost"], publisher, proc.stderr[-3000:])
     for topic, emitted in summary["events_emitted"].items():
         assert summary["stored"][topic] == emitted, topic
     assert summary["dead_letters"] == summary["malformed_injected"] > 0
