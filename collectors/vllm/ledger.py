@@ -60,25 +60,28 @@ class RequestTrace:
         if not math.isfinite(value):
             self.non_finite += 1
             value = 0.0
-        if index >= len(self.values):
-            # index > len only when a step was never observed; keep the order, do not invent.
-            self.values.append(value)
-        else:
-            self.values[index] = value
-            del self.values[index + 1 :]
+        # A step never observed leaves no gap: keep the order, do not invent a value.
+        _store_at(self.values, index, value, pad=None)
 
     def record_surprisal(self, position: int, value: float) -> None:
-        """Store the surprisal of the token sampled at ``position`` (same positions as ``record``)."""
-        index = position - self.base
-        if index < 0:
-            return
-        if index > len(self.surprisals):
-            self.surprisals.extend([math.nan] * (index - len(self.surprisals)))
-        if index == len(self.surprisals):
-            self.surprisals.append(value)
-        else:
-            self.surprisals[index] = value
-            del self.surprisals[index + 1 :]
+        """Store the surprisal of the token sampled at ``position`` (same positions as ``record``).
+        A position never credited is NaN, so the chunk knows it lacks one and ships none."""
+        _store_at(self.surprisals, position - self.base, value, pad=math.nan)
+
+
+def _store_at(values: list[float], index: int, value: float, pad: float | None) -> None:
+    """Put ``value`` at ``index`` and drop what followed it (the values of a discarded step).
+    A negative index was shipped in an earlier chunk: ignored. Past the end: padded with ``pad``
+    up to ``index``, or with ``pad=None`` appended right after the last value."""
+    if index < 0:
+        return
+    if pad is not None and index > len(values):
+        values.extend([pad] * (index - len(values)))
+    if index >= len(values):
+        values.append(value)
+    else:
+        values[index] = value
+        del values[index + 1 :]
 
 
 @dataclass(frozen=True)

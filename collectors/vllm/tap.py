@@ -58,7 +58,7 @@ class EntropyTap:
         self.surprisal_transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
         # fused on CUDA (entroloop.collectors.vllm.fused_entropy); keeps the step's logits for surprisals
         self.entropy = entropy_function(device, keep_for_surprisal=surprisal)
-        self.surprisal = surprisal
+        self.ships_surprisals = surprisal
         self._pending: list | None = None  # last step's snapshot, whose tokens are not sampled yet
         self.steps = 0
 
@@ -90,7 +90,7 @@ class EntropyTap:
         with torch.no_grad():
             values = self.entropy(logits)
         self.transfer.submit(values, snapshot)
-        self._pending = snapshot if self.surprisal else None
+        self._pending = snapshot if self.ships_surprisals else None
         self.steps += 1
 
     def _gather_surprisals(self) -> None:
