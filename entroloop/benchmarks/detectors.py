@@ -7,8 +7,10 @@ transport's and the sinks' figures).
 
 The entropy detectors are also scored, side by side with the fleet, on every labelled corpus in
 tests/data/entropy/ except the tuning ones (dev.jsonl and lm_traces_dev.jsonl, where their settings
-were chosen): held_out.jsonl (synthetic, independent generator) and lm_traces_test.jsonl (a real
-tiny LM served by vLLM with the tap), and any corpus added there later joins by itself. Each corpus
+were chosen): held_out.jsonl (synthetic, independent generator), lm_traces_test.jsonl (a real
+tiny LM served by vLLM with the tap) and lm_traces_fresh.jsonl (the same model, new prompts,
+generated after the settings were final and never looked at before being scored), and any corpus
+added there later joins by itself. Each corpus
 is run as sent by a full sender (token ids, and the sampled tokens' surprisals where the corpus
 has them), with the surprisals dropped (token ids alone: what the vLLM tap ships, since it sees the
 logits before the token is sampled) where the corpus has them, and with both dropped (entropies

@@ -39,8 +39,12 @@ from tests.corpora.tiny_lm import (
 FOLDER = Path(__file__).resolve().parents[1] / "data" / "entropy"
 OUTPUTS = {"dev": FOLDER / "lm_traces_dev.jsonl", "test": FOLDER / "lm_traces_test.jsonl"}
 """DEV: detector settings are tuned here. TEST: reported by `entroloop bench detectors`, never tuned on."""
+FRESH_OUTPUT = FOLDER / "lm_traces_fresh.jsonl"
+"""FRESH: generated after every detector setting and label rule was final, from prompts that neither
+DEV nor TEST holds; nobody looked at it before it was scored. All of it is reported."""
 MODEL_NAME = "tiny-lm-zh-en"
 SEED = 14
+FRESH_SEED = 1402
 
 
 @dataclass(frozen=True)
@@ -81,41 +85,64 @@ class Request:
     seed: int
 
 
+def weights_sha256(model_folder: Path) -> str:
+    """The trained weights' fingerprint, recorded in every line this module writes. The model's
+    cache key names the recipe (text, config, code), not the weights: torch's CPU kernels round
+    differently on another CPU, so the same recipe trained on another machine gives a sibling model
+    whose greedy texts part from these after a few tokens. (Here, not in tiny_lm: a change there
+    changes the cache key and retrains the model.)"""
+    return hashlib.sha256((model_folder / "model.safetensors").read_bytes()).hexdigest()
+
+
 def split_of(request_id: str) -> str:
     """"dev" or "test": half the requests each, by the first byte of the id's SHA-256 (not by regime,
     language or label, so both halves hold every kind of request)."""
     return "dev" if hashlib.sha256(request_id.encode()).digest()[0] < 128 else "test"
 
 
-def read_lines() -> dict[str, dict]:
-    """Every checked-in trace (both splits), by id."""
+def read_lines(paths: tuple[Path, ...] = tuple(OUTPUTS.values())) -> dict[str, dict]:
+    """Every checked-in trace of ``paths`` (default: DEV and TEST), by id."""
     lines = {}
-    for path in OUTPUTS.values():
+    for path in paths:
         for raw in path.read_text().splitlines():
             line = json.loads(raw)
             lines[line["id"]] = line
     return lines
 
 
-def corpus_prompts(count_per_lang: int, seed: int = SEED) -> list[tuple[str, str]]:
-    """(lang, prompt): the opening words of training messages (English) or characters (Chinese)."""
+def corpus_prompts(
+    count_per_lang: int, seed: int = SEED, exclude: frozenset[str] = frozenset()
+) -> list[tuple[str, str]]:
+    """(lang, prompt): the opening words of training messages (English) or characters (Chinese).
+    With ``exclude``: messages whose opening line starts with an excluded prompt are passed over,
+    and so are prompts already taken (a fresh split shares no prompt with the others)."""
     rng = random.Random(seed)
     documents = corpus_documents()
     prompts: list[tuple[str, str]] = []
+    seen = set(exclude)
     for lang in ("en", "zh"):
         pool = [
             d.text
             for d in documents
             if d.lang == lang and len(d.text) >= 24 and d.text[0].isalpha()
         ]
-        for text in rng.sample(pool, count_per_lang):
+        # Without ``exclude`` exactly the draws that made DEV and TEST (they must reproduce).
+        candidates = rng.sample(pool, len(pool) if exclude else count_per_lang)
+        taken = 0
+        for text in candidates:
+            if taken == count_per_lang:
+                break
             first_line = text.splitlines()[0]
             prompt = (
                 " ".join(first_line.split()[: rng.randint(2, 5)])
                 if lang == "en"
                 else first_line[: rng.randint(3, 8)]
             )
+            if exclude and (prompt in seen or any(first_line.startswith(p) for p in exclude)):
+                continue
+            seen.add(prompt)
             prompts.append((lang, prompt))
+            taken += 1
     return prompts
 
 
@@ -123,15 +150,30 @@ def plan_requests(
     count_per_lang: int = 30, regimes: tuple[Regime, ...] = REGIMES, seed: int = SEED
 ) -> list[Request]:
     """Every prompt in every regime, with a random length, shuffled (one model's mixed traffic)."""
-    rng = random.Random(seed)
     prompts = corpus_prompts(count_per_lang, seed)
     prompts += [
         ("zh" if any("\u4e00" <= c <= "\u9fff" for c in p) else "en", p)
         for p in HANDWRITTEN_PROMPTS
     ]
+    return _requests(prompts, regimes, random.Random(seed), "lm")
+
+
+def plan_fresh_requests(
+    used_prompts: frozenset[str], count_per_lang: int = 34, regimes: tuple[Regime, ...] = REGIMES
+) -> list[Request]:
+    """The FRESH split: as many prompts as DEV and TEST together (68), none of them used there,
+    drawn with another seed, every prompt in every regime; ids ``lmf-NNNN``."""
+    prompts = corpus_prompts(count_per_lang, FRESH_SEED, exclude=used_prompts | set(HANDWRITTEN_PROMPTS))
+    return _requests(prompts, regimes, random.Random(FRESH_SEED), "lmf")
+
+
+def _requests(
+    prompts: list[tuple[str, str]], regimes: tuple[Regime, ...], rng: random.Random, prefix: str
+) -> list[Request]:
+    """Every prompt in every regime, with a random length and seed, shuffled."""
     requests = [
         Request(
-            f"lm-{i:04d}",
+            f"{prefix}-{i:04d}",
             prompt,
             lang,
             regime,
@@ -309,6 +351,7 @@ def to_line(trace: dict, lex: Lexicon, model_folder: Path) -> dict:
         "generator": {
             "source": "tests/corpora/lm_traces.py",
             "model_folder": model_folder.name,
+            "weights_sha256": weights_sha256(model_folder),
             "lang": request.lang,
             "regime": request.regime.name,
             "temperature": request.regime.temperature,
@@ -332,38 +375,53 @@ def write_split(lines: list[dict], outputs: dict[str, Path] = OUTPUTS) -> None:
         )
 
 
-def main(
-    outputs: dict[str, Path] = OUTPUTS, count_per_lang: int = 30, model_folder: Path | None = None
-) -> None:
+def write_lines(lines: list[dict], path: Path) -> None:
+    path.write_text("".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines))
+
+
+def write_split(lines: list[dict], outputs: dict[str, Path] = OUTPUTS) -> None:
+    """Each line to its split's file, in generation order."""
+    for split, path in outputs.items():
+        write_lines([line for line in lines if split_of(line["id"]) == split], path)
+
+
+def run_engine(requests: list[Request], model_folder: Path) -> list[dict]:
+    """Serve the model with vLLM and the tap and generate ``requests`` (one trace dict each)."""
     import tempfile
 
-    model_folder = model_folder or tiny_lm(TinyLMConfig())
-    requests = plan_requests(count_per_lang)
     with tempfile.TemporaryDirectory(prefix="entroloop-lm-traces-") as tmp:
         sink = Path(tmp) / "sink"
         os.environ.update(tap_environment(sink))
-        print(
-            f"[lm-traces] serving {model_folder.name} with vLLM + tap; {len(requests)} requests",
-            file=sys.stderr,
-        )
+        print(f"[lm-traces] serving {model_folder.name} with vLLM + tap; {len(requests)} requests", file=sys.stderr)
         started = time.monotonic()
         llm = start_engine(model_folder)
         try:
             traces = generate(llm, requests, sink)
         finally:
             stop_engine(llm)
-        print(
-            f"[lm-traces] generated in {time.monotonic() - started:.0f}s",
-            file=sys.stderr,
-        )
+        print(f"[lm-traces] generated in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    return traces
+
+
+def main(fresh: bool = False, count_per_lang: int = 30, model_folder: Path | None = None) -> None:
+    """Rewrite DEV and TEST, or (``fresh``) write the FRESH split."""
+    model_folder = model_folder or tiny_lm(TinyLMConfig())
+    if fresh:
+        used = frozenset(line["generator"]["prompt"] for line in read_lines().values())
+        requests, paths = plan_fresh_requests(used), [FRESH_OUTPUT]
+    else:
+        requests, paths = plan_requests(count_per_lang), list(OUTPUTS.values())
     lex = lexicon()
-    lines = [to_line(t, lex, model_folder) for t in traces]
-    write_split(lines, outputs)
+    lines = [to_line(t, lex, model_folder) for t in run_engine(requests, model_folder)]
+    if fresh:
+        write_lines(lines, FRESH_OUTPUT)
+    else:
+        write_split(lines)
     loops = sum(line["label"]["loop"] for line in lines)
     gibberish = sum(line["label"]["gibberish"] for line in lines)
     report = training_report(model_folder)
     print(
-        f"[lm-traces] wrote {len(lines)} traces to {', '.join(str(p) for p in outputs.values())}: {loops} loop, {gibberish} gibberish "
+        f"[lm-traces] wrote {len(lines)} traces to {', '.join(str(p) for p in paths)}: {loops} loop, {gibberish} gibberish "
         f"(model {report['parameters'] / 1e6:.2f} M parameters, final loss {report['final_loss_nats']} nats)",
         file=sys.stderr,
     )
@@ -382,7 +440,7 @@ def relabel(outputs: dict[str, Path] = OUTPUTS) -> list[tuple[str, dict, dict]]:
             if new != line["label"]:
                 changed.append((line["id"], line["label"], new))
             line["label"], line["generator"]["label_evidence"] = new, labelled["evidence"]
-        path.write_text("".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines))
+        write_lines(lines, path)
     return changed
 
 
@@ -390,5 +448,10 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--relabel"]:
         for trace_id, old, new in relabel():
             print(f"[lm-traces] {trace_id}: {old} -> {new}", file=sys.stderr)
+    elif sys.argv[1:] in ([], ["--fresh"]):
+        main(fresh=sys.argv[1:] == ["--fresh"])
     else:
-        main()
+        sys.exit("usage: python -m tests.corpora.lm_traces [--fresh | --relabel]\n"
+                 "  (no option)  rewrite lm_traces_dev.jsonl and lm_traces_test.jsonl\n"
+                 "  --fresh      write lm_traces_fresh.jsonl: new prompts, never tuned on\n"
+                 "  --relabel    recompute DEV/TEST labels from their stored texts (no model)")
