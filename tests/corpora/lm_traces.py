@@ -19,6 +19,7 @@ setting was chosen: settings are tuned on the DEV file only; the TEST file is th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -85,6 +86,7 @@ class Request:
     seed: int
 
 
+@functools.cache  # a cached model folder never changes (trained in staging, then renamed)
 def weights_sha256(model_folder: Path) -> str:
     """The trained weights' fingerprint, recorded in every line this module writes. The model's
     cache key names the recipe (text, config, code), not the weights: torch's CPU kernels round
@@ -361,18 +363,6 @@ def to_line(trace: dict, lex: Lexicon, model_folder: Path) -> dict:
             "label_evidence": labelled["evidence"],
         },
     }
-
-
-def write_split(lines: list[dict], outputs: dict[str, Path] = OUTPUTS) -> None:
-    """Each line to its split's file, in generation order."""
-    for split, path in outputs.items():
-        path.write_text(
-            "".join(
-                json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
-                for line in lines
-                if split_of(line["id"]) == split
-            )
-        )
 
 
 def write_lines(lines: list[dict], path: Path) -> None:
