@@ -5,26 +5,35 @@ lock, no encoding, no I/O). A daemon thread encodes the queued records and hands
 confluent-kafka (librdkafka) producer with ``acks=all``, idempotence, compression and batching.
 
 When the broker is unreachable (all brokers down, or deliveries failing / timing out), records go
-to a local append-only spool file (``entroloop.collectors.spool``) and are replayed in order once a metadata
-probe reaches the broker again. While the spool holds anything, new records are appended behind it,
-and records librdkafka held unsent when the outage began are purged back into the spool first, so
-replay keeps each key's publish order (records already in flight when the broker vanished are
-spooled when they time out; they may also have landed: at-least-once, deduplicated by event_id).
+to a local append-only spool file (``entroloop.collectors.spool``) and are replayed in order once a
+metadata probe reaches the broker again. While the spool holds anything, new records are appended
+behind it, and records librdkafka held unsent when the outage began are purged back into the spool
+first, so replay keeps each key's publish order (records already in flight when the broker vanished
+are spooled when they time out; they may also have landed: at-least-once, deduplicated by event_id).
 A topic that librdkafka's metadata does not hold (just created and not yet seen by the broker that
 answered, or not created yet) is handled the same way: its records wait in the spool, they are not
-dropped. If the queue is full (the thread cannot keep up), the caller's record goes straight to the spool. A record is dropped only when the spool
-has reached its disk limit; that is counted (``dropped``) and logged as an error.
+dropped. If the queue is full (the thread cannot keep up), the caller's record goes straight to
+the spool. A record is dropped only when the spool has reached its disk limit; that is counted
+(``dropped``) and logged as an error.
+
+The broker refuses batches, not records: one record over a topic's ``max.message.bytes`` fails
+every record librdkafka batched with it. So a refusal is not a verdict on a record until the record
+was sent alone: refused records are spooled, and the replay sends each one that is refused again in
+a batch of its own. One still refused then (or one ``produce()`` refuses outright) is refused for
+good: it is kept with the reason in ``<spool folder>/rejected/`` (``collectors/rejected.py``), a
+``DeadLetter`` says so on the dead-letter topic, and the spool moves past it, so one such record
+never holds up the records behind it.
 
 Counters (``stats()``): ``sent`` (delivered live), ``spooled``, ``replayed``
-(delivered from the spool), ``failed`` (rejected by the broker for good, e.g. too large: logged),
-``dropped``, ``delivery_errors`` (transient failures that were spooled), plus the gauges
+(delivered from the spool), ``failed`` (refused for good, kept in ``rejected/``: logged),
+``dropped``, ``delivery_errors`` (failures that were spooled to be retried), plus the gauges
 ``queued`` and ``spool_bytes``.
 
 Fork-safe (``os.register_at_fork``): a forked child gets its own empty queue, its own producer,
 thread and spool file; the parent's librdkafka handle is never touched in the child.
 
-Topic: the record class's topic (``entroloop.contract.topics``) with ``Settings.topic_prefix`` in front;
-key: ``request_id``. Partitioner ``consistent_random`` = CRC32 of the key, as
+Topic: the record class's topic (``entroloop.contract.topics``) with ``Settings.topic_prefix`` in
+front; key: ``request_id``. Partitioner ``consistent_random`` = CRC32 of the key, as
 ``entroloop.contract.topics.partition_for``.
 """
 
@@ -44,16 +53,19 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from entroloop.collectors.rejected import RejectedRecords
 from entroloop.collectors.spool import (
     FsyncPolicy,
     Spool,
+    SpooledMessage,
     SpoolFull,
     SpoolLocked,
     orphan_spools,
 )
-
 from entroloop.contract import codec
-from entroloop.contract.records import Event
+from entroloop.contract.ids import derived_event_id
+from entroloop.contract.records import DeadLetter, Event
 from entroloop.contract.settings import Settings
 from entroloop.infra.private_files import make_private_dir
 
@@ -102,6 +114,9 @@ _TRANSIENT_CODES = {
     # create it. The record is fine; it waits in the spool until the topic is there.
     KafkaError._UNKNOWN_TOPIC,
     KafkaError._DESTROY,
+    # A fatal (idempotent) producer error makes every later produce() fail: that says nothing about
+    # the records, which wait in the spool for a restarted publisher instead of being refused.
+    KafkaError._FATAL,
 }
 
 
@@ -198,12 +213,14 @@ class Publisher:
         self._purged = False
         self._replay_spool: Spool | None = None
         self._replay_delivered: set[int] = set()
+        self._replay_rejected: set[int] = set()
         self._last_probe = 0.0
         self._lock = threading.Lock()
         self._drop_logged_at = 0.0
         make_private_dir(self.config.spool_dir)  # spooled records hold prompts and answers: 0700
         own = self.config.spool_dir / f"{self.config.client_id}-{self._pid}-{next(_instance_numbers)}.spool"
         self._spool = Spool(own, self.config.spool_max_bytes, self.config.fsync)
+        self._rejected = RejectedRecords(self.config.spool_dir / "rejected" / f"{own.name}.jsonl")
         # Spool files left by dead processes are replayed first (a live owner's lock keeps us out).
         self._orphans: list[Spool] = []
         for path in orphan_spools(self.config.spool_dir, own):
@@ -318,8 +335,10 @@ class Publisher:
                         self._outage = True
                         self._last_probe = time.monotonic()
                         return
-                    self._counts["failed"] += 1
-                    log.error("publisher: producer refused a %s record: %s", record.topic, exc)
+                    # A verdict on this record alone (e.g. over the client's message.max.bytes).
+                    key = record.request_id.encode()
+                    if not self._reject(prefix + record.topic, key, value, exc.args[0]):
+                        self._spool_encoded(prefix + record.topic, key, value)  # kept there instead
                     break
         self._producer.poll(0)
 
@@ -374,69 +393,148 @@ class Publisher:
                 spool.close(remove_if_empty=True)
                 self._orphans.pop(0)
             return
-        # Records of an interrupted attempt that did reach the broker are remembered by their
-        # (absolute) end offset and not sent again; the cursor moves past the delivered prefix.
+        # Records of an interrupted attempt that did reach the broker (or were refused for good and
+        # kept) are remembered by their (absolute) end offset and not sent again; the cursor moves
+        # past the handled prefix.
         if self._replay_spool is not spool:
-            self._replay_spool, self._replay_delivered = spool, set()
-        delivered = self._replay_delivered
+            self._replay_spool, self._replay_delivered, self._replay_rejected = spool, set(), set()
+        delivered, rejected = self._replay_delivered, self._replay_rejected
         pending = [m for m in messages if m.end not in delivered]
         reports = [0]
+        refused: dict[int, KafkaError] = {}
 
         def on_delivery_of(end: int) -> Any:
             def on_delivery(err: KafkaError | None, _msg: Message) -> None:
                 reports[0] += 1
                 if err is None:
                     delivered.add(end)
+                elif not _transient(err):
+                    refused[end] = err
 
             return on_delivery
 
         produce = self._producer.produce
-        for number, message in enumerate(pending):
+        sent: list[SpooledMessage] = []
+        for message in pending:
             try:
                 while True:
                     try:
                         produce(message.topic, message.value, message.key, on_delivery=on_delivery_of(message.end))
+                        sent.append(message)
                         break
                     except BufferError:
                         self._producer.poll(0.05)
             except KafkaException as exc:
+                if not _transient(exc.args[0]):  # a verdict on this record alone
+                    self._reject_spooled(message, exc.args[0])
+                    continue
                 # Not sent (e.g. the topic is still unknown): this attempt stops here, the spool
                 # keeps the record and the rest; the replay resumes after the next probe.
                 log.warning("publisher: replay cannot produce to %s (%s)", message.topic, exc.args[0].name())
-                pending = pending[:number]
                 break
         # Wait for every record's report: librdkafka reports each one within delivery_timeout_ms
         # (success or failure). Giving up earlier would replay records that are still on their way.
         deadline = time.monotonic() + 2 * self.config.delivery_timeout_ms / 1000 + 5
-        while reports[0] < len(pending) and time.monotonic() < deadline:
+        while reports[0] < len(sent) and time.monotonic() < deadline:
             self._producer.poll(0.1)
+        # A refusal may be a neighbour's (the broker refuses whole batches): each refused record is
+        # sent again alone, and only a refusal of the record alone is final.
+        for message in sent:
+            if message.end not in refused:
+                continue
+            err = self._send_alone(message)
+            if err is None:
+                delivered.add(message.end)
+            elif not _transient(err):
+                self._reject_spooled(message, err)
+            else:
+                break
         done = 0
         while done < len(messages) and messages[done].end in delivered:
             done += 1
         if done:
             spool.advance(messages[done - 1].end)
-            self._counts["replayed"] += done
+            self._counts["replayed"] += sum(1 for m in messages[:done] if m.end not in rejected)
             for message in messages[:done]:
                 delivered.discard(message.end)
+                rejected.discard(message.end)
             if not spool.has_pending():  # the file was emptied: offsets start again at 0
                 delivered.clear()
+                rejected.clear()
         if done < len(messages):
             log.warning("publisher: replay interrupted after %d of %d records; will retry", done, len(messages))
             self._outage = True
             self._last_probe = time.monotonic()
+
+    def _send_alone(self, message: SpooledMessage) -> KafkaError | None:
+        """Send one spooled record in a batch of its own and wait for its report: None when
+        delivered, else the error."""
+        reports: list[KafkaError | None] = []
+        # Live records sent before the spool took over may still be in librdkafka: let them go
+        # first (their callbacks spool any that fail), so no neighbour's refusal lands on this one.
+        self._producer.flush(self.config.delivery_timeout_ms / 1000 + 5)
+        try:
+            self._producer.produce(message.topic, message.value, message.key,
+                                   on_delivery=lambda err, _msg: reports.append(err))
+        except KafkaException as exc:
+            return exc.args[0]
+        self._producer.poll(0)
+        deadline = time.monotonic() + self.config.delivery_timeout_ms / 1000 + 5
+        while not reports and time.monotonic() < deadline:
+            self._producer.poll(0.1)
+        return reports[0] if reports else KafkaError(KafkaError._MSG_TIMED_OUT)
+
+    def _reject_spooled(self, message: SpooledMessage, err: KafkaError) -> None:
+        """A spooled record refused for good: kept (see ``_reject``), then passed by the cursor."""
+        if self._reject(message.topic, message.key, message.value, err):
+            self._replay_delivered.add(message.end)
+            self._replay_rejected.add(message.end)
+
+    def _reject(self, topic: str, key: bytes, value: bytes, err: KafkaError) -> bool:
+        """Keep a record refused for good in ``rejected/`` and send a ``DeadLetter`` naming it.
+        False (and the record stays where it is) if it could not be kept."""
+        reason = f"the broker refused it for good ({err.name()}: {err.str()})"
+        try:
+            sha256 = self._rejected.keep(topic, key, value, err.name(), reason)
+        except OSError as exc:
+            log.error("publisher: cannot keep a refused %s record in %s (%s); it stays spooled",
+                      topic, self._rejected.path, exc)
+            return False
+        with self._lock:
+            self._counts["failed"] += 1
+        log.error("publisher: %d-byte record for %s refused for good (%s); kept in %s",
+                  len(value), topic, err.name(), self._rejected.path)
+        if topic != self.config.topic_prefix + DeadLetter.topic:  # never a dead letter of a dead letter
+            self.publish(DeadLetter(
+                event_id=derived_event_id(f"{topic}/refused/{sha256}", "dead_letter", at=0.0),
+                emitted_at=time.time(),
+                node_id=self.config.client_id,
+                seq=0,
+                request_id=key.decode(errors="replace"),
+                source_topic=topic,
+                source_partition=0,  # it never reached a partition
+                source_offset=0,
+                reason=f"{reason}; kept by the publisher in {self._rejected.path}",
+                error_type="refused_by_broker",
+                payload=value[:4096],
+                payload_size=len(value),
+                payload_sha256=sha256,
+            ))
+        return True
 
     # --- librdkafka callbacks (run on the background thread, inside poll/flush) ------------------
     def _on_live_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
             self._counts["sent"] += 1
             return
+        self._counts["delivery_errors"] += 1
         if _transient(err):
-            self._counts["delivery_errors"] += 1
             self._outage = True
-            self._spool_encoded(msg.topic(), msg.key() or b"", msg.value() or b"")
-            return
-        self._counts["failed"] += 1
-        log.error("publisher: broker rejected a record for %s: %s", msg.topic(), err)
+        else:
+            # Maybe a neighbour's refusal (the broker refuses whole batches): the replay sends the
+            # record again alone before calling it refused for good.
+            log.warning("publisher: broker refused a record for %s (%s); retrying it alone", msg.topic(), err.name())
+        self._spool_encoded(msg.topic(), msg.key() or b"", msg.value() or b"")
 
     def _on_error(self, err: KafkaError) -> None:
         if err.code() in (KafkaError._ALL_BROKERS_DOWN,):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -11,12 +12,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from entroloop.collectors.publisher import Publisher, PublisherConfig
+from entroloop.collectors.rejected import read_rejected
+from entroloop.collectors.spool import Spool
 
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper, new_trace_id
-from entroloop.contract.records import Event, Feedback, Span
+from entroloop.contract.records import DeadLetter, Event, Feedback, Span
 from entroloop.contract.topics import TOPIC_BY_TYPE
-from entroloop.infra.kafka_topics import ensure_topics
+from entroloop.infra.kafka_topics import create_missing_topics, ensure_topics
 from tests.integration.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
@@ -57,6 +60,17 @@ def consume_all(bootstrap: str, topics: list[str], expected: int, timeout: float
     finally:
         consumer.close()
     return records
+
+
+def publish_all(publisher: Publisher, records: list[Event]) -> dict[str, int]:
+    """Publish ``records``, wait until all are delivered (or fail the test), close; the counters."""
+    try:
+        for record in records:
+            assert publisher.publish(record)
+        assert publisher.flush(60), publisher.stats()
+    finally:
+        stats = publisher.close(timeout=5)
+    return stats
 
 
 def report(label: str, sent: list[Event], stored: list[Event]) -> dict[str, int]:
@@ -159,16 +173,95 @@ def test_a_topic_the_client_metadata_forgot_is_retried_not_dropped(
     publisher = Publisher(PublisherConfig(kafka_bootstrap, tmp_path / "spool", topic_prefix=topic_prefix))
     publisher._producer = _ForgetsTopic(publisher._producer, topic_prefix + Feedback.topic, times=3)
     records = make_records(400, NodeStamper("node-forgot"))
-    try:
-        for record in records:
-            assert publisher.publish(record)
-        assert publisher.flush(60), publisher.stats()
-    finally:
-        stats = publisher.close(timeout=5)
+    stats = publish_all(publisher, records)
     assert stats["failed"] == stats["dropped"] == 0 and stats["delivery_errors"] >= 1, stats
     assert stats["sent"] + stats["replayed"] == len(records), stats
     stored = consume_all(kafka_bootstrap, [topic_prefix + Span.topic, topic_prefix + Feedback.topic], len(records))
     assert report("topic forgotten by the client's metadata", records, stored)["lost"] == 0
+
+
+def _big_feedback(stamper: NodeStamper) -> Feedback:
+    """A feedback record of ~40 KB that lz4 cannot shrink below the 4 KB limit set below."""
+    return Feedback(**stamper.stamp(), request_id="req-big", trace_id=new_trace_id(), rating=-1,
+                    comment=os.urandom(20_000).hex())
+
+
+def _create_small_feedback_topic(bootstrap: str, prefix: str, broker_limit: bool = True) -> None:
+    """The feedback topic with one partition (so librdkafka batches the big record with its
+    neighbours) and, with ``broker_limit``, a limit of 4 KB per batch (which ordinary batches of
+    small records pass too); spans and dead letters as usual."""
+    config = {"max.message.bytes": "4096"} if broker_limit else {}
+    create_missing_topics(bootstrap, {prefix + Feedback.topic: (1, config)})
+    ensure_topics(bootstrap, prefix, topics=[TOPIC_BY_TYPE[Span], TOPIC_BY_TYPE[DeadLetter]])
+
+
+def _check_refused_for_good(bootstrap: str, prefix: str, spool_dir: Path, big: Feedback,
+                            stats: dict[str, int]) -> None:
+    """The big record is kept (0600, with the reason) and named by a dead letter; nothing else failed."""
+    assert stats["failed"] == 1 and stats["dropped"] == 0 and stats["spool_bytes"] == 0, stats
+    kept_files = list((spool_dir / "rejected").glob("*.jsonl"))
+    assert len(kept_files) == 1, kept_files
+    assert kept_files[0].stat().st_mode & 0o777 == 0o600
+    kept = read_rejected(kept_files[0])
+    assert [codec.decode(k["value"]).event_id for k in kept] == [big.event_id]
+    assert kept[0]["error"] == "MSG_SIZE_TOO_LARGE" and kept[0]["topic"] == prefix + Feedback.topic
+    letters = consume_all(bootstrap, [prefix + DeadLetter.topic], 1, timeout=30)
+    assert len({letter.event_id for letter in letters}) == 1, letters
+    letter = letters[0]
+    assert isinstance(letter, DeadLetter) and letter.error_type == "refused_by_broker"
+    assert letter.payload_sha256 == kept[0]["sha256"] and letter.payload_size == kept[0]["size"]
+    assert letter.source_topic == prefix + Feedback.topic and "MSG_SIZE_TOO_LARGE" in letter.reason
+
+
+@pytest.mark.parametrize("limit", ["broker", "client"])
+def test_a_record_refused_for_good_is_kept_and_its_batch_is_delivered(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, limit: str
+) -> None:
+    """The broker refuses whole batches: one record over the topic's max.message.bytes failed every
+    record librdkafka had batched with it, and the publisher dropped them all as ``failed`` (found
+    on the real broker). Now a refused record is retried alone and only its own refusal is final:
+    the neighbours are delivered, the big one is kept in ``rejected/`` with a dead letter naming it.
+    ``client``: produce() itself refuses it (over the producer's message.max.bytes)."""
+    _create_small_feedback_topic(kafka_bootstrap, topic_prefix, broker_limit=limit == "broker")
+    stamper = NodeStamper("node-big")
+    small = make_records(200, stamper)
+    big = _big_feedback(stamper)
+    records = small[:100] + [big] + small[100:]
+    overrides = {"message.max.bytes": 30_000} if limit == "client" else {}
+    spool_dir = tmp_path / "spool"
+    publisher = Publisher(PublisherConfig(kafka_bootstrap, spool_dir, topic_prefix=topic_prefix,
+                                          producer_overrides=overrides))
+    stats = publish_all(publisher, records)
+    assert stats["sent"] + stats["replayed"] == len(small) + 1, stats  # + the dead letter
+    stored = consume_all(kafka_bootstrap, [topic_prefix + Span.topic, topic_prefix + Feedback.topic], len(small))
+    assert report(f"one record refused ({limit})", small, stored)["lost"] == 0
+    _check_refused_for_good(kafka_bootstrap, topic_prefix, spool_dir, big, stats)
+
+
+def test_a_spooled_record_refused_for_good_does_not_block_the_replay(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """A spool left by a dead process holds a record the broker will never take, between others.
+    The replay used to offer it again after every probe, for ever, and nothing behind it was
+    delivered; now it is kept in ``rejected/`` and the replay moves on."""
+    _create_small_feedback_topic(kafka_bootstrap, topic_prefix)
+    stamper = NodeStamper("node-dead")
+    small = make_records(60, stamper)
+    big = _big_feedback(stamper)
+    spool_dir = tmp_path / "spool"
+    left = Spool(spool_dir / "entroloop-dead-1-0.spool", 1 << 30)
+    for record in small[:30] + [big] + small[30:]:
+        left.append(topic_prefix + record.topic, record.request_id.encode(), codec.encode(record))
+    left.close()
+    publisher = Publisher(PublisherConfig(kafka_bootstrap, spool_dir, topic_prefix=topic_prefix))
+    try:
+        assert publisher.flush(60), publisher.stats()
+    finally:
+        stats = publisher.close(timeout=5)
+    assert stats["replayed"] == len(small) + 1, stats  # + the dead letter, spooled behind them
+    stored = consume_all(kafka_bootstrap, [topic_prefix + Span.topic, topic_prefix + Feedback.topic], len(small))
+    assert report("spooled record refused for good", small, stored)["lost"] == 0
+    _check_refused_for_good(kafka_bootstrap, topic_prefix, spool_dir, big, stats)
 
 
 def services(*args: str) -> None:
