@@ -9,7 +9,11 @@ moves past it, and the publisher sends a small ``DeadLetter`` (reason, size, SHA
 bytes) so the refusal shows in the ``dead_letters`` table.
 
 Line: ``{"rejected_at", "topic", "key", "error", "reason", "size", "sha256", "value_b64"}``;
-``value_b64`` is the encoded record (``entroloop.contract.codec``), base64.
+``value_b64`` is the encoded record (``entroloop.contract.codec``), base64. A crash after a record
+is kept and before the spool's cursor passes it keeps it again on the next replay (same
+``sha256``; the dead letter has the same id, deduplicated like any redelivery). Nothing re-sends these
+records by itself: once the cause is fixed (say, the topic's ``max.message.bytes`` raised), an
+operator produces ``value_b64`` decoded to ``topic`` with ``key``.
 """
 
 from __future__ import annotations
