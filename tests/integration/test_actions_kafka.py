@@ -16,7 +16,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 from entroloop.streams.actions import ActionRunner
 
 from entroloop.contract import codec
@@ -26,6 +25,7 @@ from entroloop.contract.topics import TOPIC_BY_TYPE
 from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_publisher_kafka import consume_all
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 
 pytestmark = pytest.mark.kafka
 
@@ -61,7 +61,7 @@ def alert(n: int, rule: str = "fallback_circuit_breaker", key: str | None = None
 
 
 def produce(bootstrap: str, prefix: str, items: list[tuple[str, bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
+    producer = AcknowledgedProducer({"bootstrap.servers": bootstrap})
     for key, value in items:
         producer.produce(prefix + Alert.topic, key=key.encode(), value=value)
     assert producer.flush(30) == 0

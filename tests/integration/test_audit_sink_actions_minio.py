@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
-from confluent_kafka import Producer
 from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract import codec
@@ -32,6 +31,7 @@ from tests.integration.minio_fixtures import (  # noqa: F401  (fixtures)
 )
 from tests.unit.sinks.action_records import sample_actions
 from tests.unit.sinks.sink_records import sample_records
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 
@@ -40,7 +40,7 @@ PARTITIONS = 2
 
 def _publish(bootstrap: str, prefix: str, records: list) -> None:
     ensure_topics(bootstrap, prefix, PARTITIONS)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = AcknowledgedProducer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
     for r in records:
         producer.produce(prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
                          partition=partition_for(r.request_id, PARTITIONS))

@@ -23,7 +23,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 from entroloop.collectors.synthetic_fleet import SyntheticFleet
 from entroloop.sinks.audit.verify import verify_store
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +33,7 @@ from entroloop.contract.topics import TOPIC_BY_NAME, partition_for
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.integration.conftest import REPO_ROOT
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 
 pytestmark = pytest.mark.kafka
 
@@ -44,7 +44,7 @@ POISON = [b"\x00not msgpack", b"\xc1", b"\x92\x01"]  # garbage, a never-used byt
 def publish(bootstrap: str, prefix: str, requests: int, seed: int) -> Counter[str]:
     """Publish the fleet's records (idempotent producer, keyed by request) and some poison; count per topic."""
     ensure_topics(bootstrap, prefix, PARTITIONS)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    producer = AcknowledgedProducer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
     sent: Counter[str] = Counter()
     for request in SyntheticFleet(seed=seed).requests(requests):
         for record in request.records:
@@ -254,7 +254,7 @@ def test_a_pending_batch_member_is_read_back_from_kafka_by_offsets(kafka_bootstr
     ensure_topics(kafka_bootstrap, topic_prefix, 2)
     records = [r for q in SyntheticFleet(seed=31).requests(20) for r in q.records if isinstance(r, TokenEntropy)][:20]
     kafka_topic = topic_prefix + TokenEntropy.topic
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
     for r in records:
         producer.produce(kafka_topic, key=r.request_id.encode(), value=codec.encode(r), partition=1)
     assert producer.flush(30) == 0

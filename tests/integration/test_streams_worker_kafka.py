@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper
@@ -19,6 +19,7 @@ from entroloop.contract.records import Alert, DeadLetter, Event, Feedback, Healt
 from entroloop.contract.topics import TOPIC_BY_TYPE
 from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.worker_process import WorkerProcess
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 
 pytestmark = pytest.mark.kafka
 
@@ -56,7 +57,7 @@ class TopicReader:
 
 
 def produce(bootstrap: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+    producer = AcknowledgedProducer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
     for key, value in items:
         producer.produce(topic, value, key)
     assert producer.flush(30) == 0

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 from entroloop.training.jobs import JobStore
 
 from entroloop.contract import codec
@@ -23,6 +22,7 @@ from entroloop.infra.kafka_topics import ensure_topics
 from tests.integration.conftest import REPO_ROOT
 from tests.integration.test_publisher_kafka import consume_all
 from tests.unit.training.training_records import feedback, retrain_request
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 
 pytestmark = pytest.mark.kafka
 
@@ -45,7 +45,7 @@ def trainer_env(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> dict
 
 
 def produce(bootstrap: str, prefix: str, items: list[tuple[str, bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "consistent_random"})
+    producer = AcknowledgedProducer({"bootstrap.servers": bootstrap, "partitioner": "consistent_random"})
     for key, value in items:
         producer.produce(prefix + RetrainRequest.topic, key=key.encode(), value=value)
     assert producer.flush(30) == 0

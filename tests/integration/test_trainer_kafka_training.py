@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 from entroloop.training.dataset import build_dataset
 from entroloop.training.pipeline import select_training_records
 
@@ -46,6 +45,7 @@ from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from entroloop.infra.worm.worm_store import LocalWormStore
 from entroloop.infra.clickhouse.client import connect
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 
 dsn, worm, records = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 decoder = msgspec.json.Decoder(AnyRecord)
@@ -83,7 +83,7 @@ def test_retrain_request_on_kafka_trains_from_clickhouse_and_the_audit_log(
 
     request = retrain_request("e2e-kafka-key")
     ensure_topics(kafka_bootstrap, topic_prefix, 2, topics=[TOPIC_BY_TYPE[RetrainRequest]])
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap})
     producer.produce(topic_prefix + RetrainRequest.topic, key=request.request_id.encode(), value=codec.encode(request))
     assert producer.flush(30) == 0
 

@@ -21,7 +21,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from confluent_kafka import Producer
 
 from entroloop.contract import codec
 from entroloop.contract.records import Audit
@@ -30,6 +29,7 @@ from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.checkpoints import generate_key_pair
 from entroloop.infra.worm.manifest import Manifest
 from entroloop.infra.worm.worm_store import LocalWormStore
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 from tests.reliability.harness import (
     PYTHON,
     REPO_ROOT,
@@ -124,7 +124,7 @@ CONSISTENT_ATTACKS = {
 def test_audit_log_tampered_four_ways_each_detected(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
     ensure_topics(kafka_bootstrap, topic_prefix, PARTITIONS)
     audits = [r for r in fleet_records(400, seed=71) if isinstance(r, Audit)]
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
     for r in audits:
         producer.produce(topic_prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
                          partition=partition_for(r.request_id, PARTITIONS))

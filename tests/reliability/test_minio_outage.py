@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-from confluent_kafka import Producer
 from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract import codec
@@ -23,6 +22,7 @@ from entroloop.contract.records import Audit
 from entroloop.contract.topics import partition_for
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.s3_store import S3WormStore, make_s3_client
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 from tests.integration.minio_fixtures import (
     ACCESS_KEY,
     SECRET_KEY,
@@ -64,7 +64,7 @@ def test_minio_stopped_and_restarted_during_audit_writes(kafka_bootstrap: str, t
              "--batch-rows", "20", "--batch-seconds", "0.2", "--until-empty"],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
 
         def publish_steadily() -> None:
             started = time.monotonic()

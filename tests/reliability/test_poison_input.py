@@ -15,13 +15,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from confluent_kafka import Producer
 from entroloop.streams.entropy_anomaly import EntropyAnomalyDetector
 
 from entroloop.contract import codec
 from entroloop.contract.records import TokenEntropy, pack_entropies
 from entroloop.contract.topics import partition_for
 from entroloop.infra.kafka_topics import ensure_topics
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 from tests.reliability.harness import (
     Figures,
     all_identities,
@@ -90,8 +90,8 @@ def test_poison_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
     unfinished = msgspec.structs.replace(valid_token, request_id="req-never-completes", final=False, seq=10**9,
                                          node_id="node-unfinished", event_id="0" * 8 + valid_token.event_id[8:])
     poisons = poison_payloads(valid_token)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5,
-                         "message.max.bytes": 2 << 20})
+    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True,
+                                     "linger.ms": 5, "message.max.bytes": 2 << 20})
     poison_at: dict[tuple[int, int], str] = {}
 
     def remember(name: str):

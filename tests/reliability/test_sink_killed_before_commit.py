@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from confluent_kafka import Producer
 from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract import codec
@@ -17,6 +16,7 @@ from entroloop.contract.records import Audit
 from entroloop.contract.topics import partition_for
 from entroloop.infra.kafka_topics import ensure_topics
 from entroloop.infra.worm.worm_store import LocalWormStore
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 from tests.reliability.harness import (
     Figures,
     all_identities,
@@ -36,7 +36,7 @@ PARTITIONS = 3
 def test_sinks_killed_between_write_and_commit(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
     ensure_topics(kafka_bootstrap, topic_prefix, PARTITIONS)
     records = fleet_records(300, seed=81)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
     for r in records:
         producer.produce(topic_prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
                          partition=partition_for(r.request_id, PARTITIONS))
@@ -83,7 +83,7 @@ def test_table_batch_over_several_partitions_killed_before_commit(kafka_bootstra
     after that insert, the restarted sink rewrites the same members under the same token."""
     ensure_topics(kafka_bootstrap, topic_prefix, PARTITIONS)
     records = fleet_records(120, seed=83)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
     for r in records:
         producer.produce(topic_prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
                          partition=partition_for(r.request_id, PARTITIONS))
