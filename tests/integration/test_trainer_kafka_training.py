@@ -21,6 +21,7 @@ from entroloop.contract.records import Action, RetrainRequest
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_TYPE
 from entroloop.infra.kafka_topics import ensure_topics
+from tests.integration.acknowledged_producer import AcknowledgedProducer
 from tests.integration.test_publisher_kafka import consume_all
 from tests.integration.training_fixtures import (
     correction_records,
@@ -45,7 +46,6 @@ from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from entroloop.infra.worm.worm_store import LocalWormStore
 from entroloop.infra.clickhouse.client import connect
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
-from tests.integration.acknowledged_producer import AcknowledgedProducer
 
 dsn, worm, records = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 decoder = msgspec.json.Decoder(AnyRecord)
