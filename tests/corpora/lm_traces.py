@@ -43,9 +43,15 @@ OUTPUTS = {"dev": FOLDER / "lm_traces_dev.jsonl", "test": FOLDER / "lm_traces_te
 FRESH_OUTPUT = FOLDER / "lm_traces_fresh.jsonl"
 """FRESH: generated after every detector setting and label rule was final, from prompts that neither
 DEV nor TEST holds; nobody looked at it before it was scored. All of it is reported."""
+READ_OUTPUT = FOLDER / "lm_traces_read.jsonl"
+"""READ: labelled by a reader, not by ``text_labels``: every text read end to end from a sheet that
+shows only the prompt and the decoded text, before any detector ran on the file (see the README)."""
+READING = FOLDER / "reading"
+"""The READ split's sheet (what the reader saw) and the labels written from it, by sheet key."""
 MODEL_NAME = "tiny-lm-zh-en"
 SEED = 14
 FRESH_SEED = 1402
+READ_SEED = 1403
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,52 @@ def plan_fresh_requests(
     drawn with another seed, every prompt in every regime; ids ``lmf-NNNN``."""
     prompts = corpus_prompts(count_per_lang, FRESH_SEED, exclude=used_prompts | set(HANDWRITTEN_PROMPTS))
     return _requests(prompts, regimes, random.Random(FRESH_SEED), "lmf")
+
+
+def plan_read_requests(
+    used_prompts: frozenset[str], count_per_lang: int = 20, regimes: tuple[Regime, ...] = REGIMES
+) -> list[Request]:
+    """The READ split: 40 prompts none of DEV, TEST or FRESH uses, every prompt in every regime;
+    ids ``lmr-NNNN``."""
+    prompts = corpus_prompts(count_per_lang, READ_SEED, exclude=used_prompts | set(HANDWRITTEN_PROMPTS))
+    return _requests(prompts, regimes, random.Random(READ_SEED), "lmr")
+
+
+def sheet_key(request_id: str) -> str:
+    """A READ line's name on the reading sheet. Not its id: ids are numbered prompt by prompt and
+    regime by regime, so the id would tell the reader the sampling temperature."""
+    return hashlib.sha256(f"read:{request_id}".encode()).hexdigest()[:8]
+
+
+def write_reading_sheet(lines: list[dict], path: Path) -> None:
+    """Prompt and decoded text of each line, by sheet key: no id, regime, entropy or rule label."""
+    parts = ["# READ split: reading sheet (prompt and decoded text only; labels in labels.jsonl)\n"]
+    for line in sorted(lines, key=lambda line: sheet_key(line["id"])):
+        generator = line["generator"]
+        parts.append(f"\n## {sheet_key(line['id'])}\n\nprompt: {generator['prompt']}\n\n~~~~\n{generator['text']}\n~~~~\n")
+    path.write_text("".join(parts))
+
+
+def apply_read_labels(output: Path = READ_OUTPUT, labels_path: Path = READING / "labels.jsonl") -> int:
+    """Set each READ line's ``label`` from the reader's labels (by sheet key); every line needs one
+    label and every label one line. Returns how many lines were labelled."""
+    labels = {}
+    for number, raw in enumerate(labels_path.read_text().splitlines(), 1):
+        entry = json.loads(raw)
+        if entry["key"] in labels:
+            raise ValueError(f"{labels_path}:{number}: sheet key {entry['key']} labelled twice")
+        labels[entry["key"]] = {"loop": bool(entry["loop"]), "gibberish": bool(entry["gibberish"])}
+    lines = [json.loads(raw) for raw in output.read_text().splitlines()]
+    keys = {sheet_key(line["id"]) for line in lines}
+    if keys != set(labels):
+        raise ValueError(
+            f"{labels_path}: labels for {len(set(labels) - keys)} unknown keys, "
+            f"none for {sorted(keys - set(labels))[:5]}"
+        )
+    for line in lines:
+        line["label"] = labels[sheet_key(line["id"])]
+    write_lines(lines, output)
+    return len(lines)
 
 
 def _requests(
@@ -393,22 +445,33 @@ def run_engine(requests: list[Request], model_folder: Path) -> list[dict]:
     return traces
 
 
-def main(fresh: bool = False, count_per_lang: int = 30, model_folder: Path | None = None) -> None:
-    """Rewrite DEV and TEST, or (``fresh``) write the FRESH split."""
+def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path | None = None) -> None:
+    """Rewrite DEV and TEST, or write the FRESH split, or the READ split (unlabelled, with its
+    reading sheet: a reader labels it, then ``--apply-read-labels``)."""
     model_folder = model_folder or tiny_lm(TinyLMConfig())
-    if fresh:
+    if split == "fresh":
         used = frozenset(line["generator"]["prompt"] for line in read_lines().values())
         requests, paths = plan_fresh_requests(used), [FRESH_OUTPUT]
+    elif split == "read":
+        used = frozenset(line["generator"]["prompt"] for line in read_lines((*OUTPUTS.values(), FRESH_OUTPUT)).values())
+        requests, paths = plan_read_requests(used), [READ_OUTPUT]
     else:
         requests, paths = plan_requests(count_per_lang), list(OUTPUTS.values())
     lex = lexicon()
     lines = [to_line(t, lex, model_folder) for t in run_engine(requests, model_folder)]
-    if fresh:
-        write_lines(lines, FRESH_OUTPUT)
-    else:
-        write_split(lines)
     loops = sum(line["label"]["loop"] for line in lines)
     gibberish = sum(line["label"]["gibberish"] for line in lines)
+    if split == "fresh":
+        write_lines(lines, FRESH_OUTPUT)
+    elif split == "read":
+        # The text rules' verdict stays beside the reader's, never in ``label``.
+        for line in lines:
+            line["generator"]["rule_label"] = line.pop("label")
+        write_lines(lines, READ_OUTPUT)
+        READING.mkdir(exist_ok=True)
+        write_reading_sheet(lines, READING / "sheet.md")
+    else:
+        write_split(lines)
     report = training_report(model_folder)
     print(
         f"[lm-traces] wrote {len(lines)} traces to {', '.join(str(p) for p in paths)}: {loops} loop, {gibberish} gibberish "
@@ -438,10 +501,14 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--relabel"]:
         for trace_id, old, new in relabel():
             print(f"[lm-traces] {trace_id}: {old} -> {new}", file=sys.stderr)
-    elif sys.argv[1:] in ([], ["--fresh"]):
-        main(fresh=sys.argv[1:] == ["--fresh"])
+    elif sys.argv[1:] == ["--apply-read-labels"]:
+        print(f"[lm-traces] labelled {apply_read_labels()} lines of {READ_OUTPUT}", file=sys.stderr)
+    elif sys.argv[1:] in ([], ["--fresh"], ["--read"]):
+        main({"--fresh": "fresh", "--read": "read"}.get(" ".join(sys.argv[1:]), "dev+test"))
     else:
-        sys.exit("usage: python -m tests.corpora.lm_traces [--fresh | --relabel]\n"
+        sys.exit("usage: python -m tests.corpora.lm_traces [--fresh | --read | --apply-read-labels | --relabel]\n"
                  "  (no option)  rewrite lm_traces_dev.jsonl and lm_traces_test.jsonl\n"
                  "  --fresh      write lm_traces_fresh.jsonl: new prompts, never tuned on\n"
+                 "  --read       write lm_traces_read.jsonl unlabelled, and reading/sheet.md for a reader\n"
+                 "  --apply-read-labels  label lm_traces_read.jsonl from reading/labels.jsonl\n"
                  "  --relabel    recompute DEV/TEST labels from their stored texts (no model)")
