@@ -47,7 +47,10 @@ READ_OUTPUT = FOLDER / "lm_traces_read.jsonl"
 """READ: labelled by a reader, not by ``text_labels``: every text read end to end from a sheet that
 shows only the prompt and the decoded text, before any detector ran on the file (see the README)."""
 READING = FOLDER / "reading"
-"""The READ split's sheet (what the reader saw) and the labels written from it, by sheet key."""
+"""Reading sheets (what the reader saw) and the labels written from them, by sheet key."""
+READER_LABELS = {READ_OUTPUT: READING / "read_labels.jsonl", OUTPUTS["dev"]: READING / "dev_labels.jsonl"}
+"""Files whose ``label`` is a reader's (their text rules' verdict is ``generator.rule_label``): READ,
+and DEV, read afterwards so that settings are tuned on what a reader calls a loop or gibberish."""
 MODEL_NAME = "tiny-lm-zh-en"
 SEED = 14
 FRESH_SEED = 1402
@@ -192,16 +195,18 @@ def sheet_key(request_id: str) -> str:
 
 def write_reading_sheet(lines: list[dict], path: Path) -> None:
     """Prompt and decoded text of each line, by sheet key: no id, regime, entropy or rule label."""
-    parts = ["# READ split: reading sheet (prompt and decoded text only; labels in labels.jsonl)\n"]
+    labels = path.name.replace("sheet.md", "labels.jsonl")
+    parts = [f"# Reading sheet (prompt and decoded text only; labels in {labels})\n"]
     for line in sorted(lines, key=lambda line: sheet_key(line["id"])):
         generator = line["generator"]
         parts.append(f"\n## {sheet_key(line['id'])}\n\nprompt: {generator['prompt']}\n\n~~~~\n{generator['text']}\n~~~~\n")
     path.write_text("".join(parts))
 
 
-def apply_read_labels(output: Path = READ_OUTPUT, labels_path: Path = READING / "labels.jsonl") -> int:
-    """Set each READ line's ``label`` from the reader's labels (by sheet key); every line needs one
-    label and every label one line. Returns how many lines were labelled."""
+def apply_read_labels(output: Path, labels_path: Path) -> int:
+    """Set each line's ``label`` from the reader's labels (by sheet key), keeping the text rules'
+    verdict in ``generator.rule_label``; every line needs one label and every label one line.
+    Returns how many lines were labelled."""
     labels = {}
     for number, raw in enumerate(labels_path.read_text().splitlines(), 1):
         entry = json.loads(raw)
@@ -216,6 +221,7 @@ def apply_read_labels(output: Path = READ_OUTPUT, labels_path: Path = READING / 
             f"none for {sorted(keys - set(labels))[:5]}"
         )
     for line in lines:
+        line["generator"].setdefault("rule_label", line.get("label"))
         line["label"] = labels[sheet_key(line["id"])]
     write_lines(lines, output)
     return len(lines)
@@ -469,7 +475,7 @@ def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path |
             line["generator"]["rule_label"] = line.pop("label")
         write_lines(lines, READ_OUTPUT)
         READING.mkdir(exist_ok=True)
-        write_reading_sheet(lines, READING / "sheet.md")
+        write_reading_sheet(lines, READING / "read_sheet.md")
     else:
         write_split(lines)
     report = training_report(model_folder)
@@ -490,9 +496,11 @@ def relabel(outputs: dict[str, Path] = OUTPUTS) -> list[tuple[str, dict, dict]]:
         for line in lines:
             labelled = label(line["generator"]["text"], lex)
             new = {"loop": labelled["loop"], "gibberish": labelled["gibberish"]}
-            if new != line["label"]:
-                changed.append((line["id"], line["label"], new))
-            line["label"], line["generator"]["label_evidence"] = new, labelled["evidence"]
+            # A reader's label stays; the rules' verdict beside it follows the rules.
+            field, holder = ("rule_label", line["generator"]) if "rule_label" in line["generator"] else ("label", line)
+            if new != holder[field]:
+                changed.append((line["id"], holder[field], new))
+            holder[field], line["generator"]["label_evidence"] = new, labelled["evidence"]
         write_lines(lines, path)
     return changed
 
@@ -502,7 +510,8 @@ if __name__ == "__main__":
         for trace_id, old, new in relabel():
             print(f"[lm-traces] {trace_id}: {old} -> {new}", file=sys.stderr)
     elif sys.argv[1:] == ["--apply-read-labels"]:
-        print(f"[lm-traces] labelled {apply_read_labels()} lines of {READ_OUTPUT}", file=sys.stderr)
+        for traces, labels in READER_LABELS.items():
+            print(f"[lm-traces] labelled {apply_read_labels(traces, labels)} lines of {traces} from {labels}", file=sys.stderr)
     elif sys.argv[1:] in ([], ["--fresh"], ["--read"]):
         main({"--fresh": "fresh", "--read": "read"}.get(" ".join(sys.argv[1:]), "dev+test"))
     else:
@@ -510,5 +519,5 @@ if __name__ == "__main__":
                  "  (no option)  rewrite lm_traces_dev.jsonl and lm_traces_test.jsonl\n"
                  "  --fresh      write lm_traces_fresh.jsonl: new prompts, never tuned on\n"
                  "  --read       write lm_traces_read.jsonl unlabelled, and reading/sheet.md for a reader\n"
-                 "  --apply-read-labels  label lm_traces_read.jsonl from reading/labels.jsonl\n"
+                 "  --apply-read-labels  label lm_traces_read.jsonl and lm_traces_dev.jsonl from reading/*_labels.jsonl\n"
                  "  --relabel    recompute DEV/TEST labels from their stored texts (no model)")
