@@ -55,7 +55,7 @@ class EvidenceConfig:
     loop_entropy_min_spread_nats: float = 0.5
     loop_entropy_repeat_tolerance_nats: float = 0.25
     surprisal_window: int = 32
-    surprisal_excess_nats: float = 2.25
+    surprisal_excess_nats: float = 1.85
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EvidenceConfig:

@@ -161,8 +161,9 @@ class Settings(BaseSettings):
         "the rolling median of surprisal minus entropy."
     )
     gibberish_surprisal_excess_nats: float = Field(
-        2.25, gt=0, description="... which must exceed this many nats (the sampled tokens keep surprising the model far "
-        "more than its own entropy expects: sampling much flatter than the model)."
+        1.85, gt=0, description="... which must exceed this many nats (the sampled tokens keep surprising the model far "
+        "more than its own entropy expects: sampling much flatter than the model). Set on the tiny LM's DEV traces as "
+        "read by a person: midway between the highest normal request (1.73) and the lowest gibberish one (2.00)."
     )
     entropy_band_window: int = Field(
         20, ge=1, description="Per-model bands: tokens in the rolling median that measures sustained entropy."

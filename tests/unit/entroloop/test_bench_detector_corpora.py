@@ -28,7 +28,9 @@ def test_every_corpus_but_the_tuning_ones_is_reported(tmp_path: Path) -> None:
         _write(tmp_path / name, [])
     (tmp_path / "README.md").write_text("not a corpus")
     assert [p.name for p in corpora(tmp_path)] == ["held_out.jsonl", "lm_traces_test.jsonl"]
-    assert [p.name for p in corpora(CORPUS_DIR)] == ["held_out.jsonl", "lm_traces_fresh.jsonl", "lm_traces_test.jsonl"]
+    assert [p.name for p in corpora(CORPUS_DIR)] == [
+        "held_out.jsonl", "lm_traces_fresh.jsonl", "lm_traces_read.jsonl", "lm_traces_test.jsonl"
+    ]
 
 
 def test_corpus_figures_with_ids_and_from_entropies_alone(tmp_path: Path) -> None:
