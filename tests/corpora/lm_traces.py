@@ -43,18 +43,23 @@ OUTPUTS = {"dev": FOLDER / "lm_traces_dev.jsonl", "test": FOLDER / "lm_traces_te
 FRESH_OUTPUT = FOLDER / "lm_traces_fresh.jsonl"
 """FRESH: generated after every detector setting and label rule was final, from prompts that neither
 DEV nor TEST holds; nobody looked at it before it was scored. All of it is reported."""
-READ_OUTPUT = FOLDER / "lm_traces_read.jsonl"
-"""READ: labelled by a reader, not by ``text_labels``: every text read end to end from a sheet that
-shows only the prompt and the decoded text, before any detector ran on the file (see the README)."""
+READ_SPLITS = {"read": (1403, "lmr"), "read2": (1404, "lmr2")}
+"""READ and READ2 (seed, id prefix): labelled by a reader, not by ``text_labels``: every text read end
+to end from a sheet that shows only the prompt and the decoded text, before any detector ran on the
+file (see the README). READ2 was generated after the settings that READ's scoring led to were final."""
+READ_OUTPUTS = {name: FOLDER / f"lm_traces_{name}.jsonl" for name in READ_SPLITS}
 READING = FOLDER / "reading"
 """Reading sheets (what the reader saw) and the labels written from them, by sheet key."""
-READER_LABELS = {READ_OUTPUT: READING / "read_labels.jsonl", OUTPUTS["dev"]: READING / "dev_labels.jsonl"}
-"""Files whose ``label`` is a reader's (their text rules' verdict is ``generator.rule_label``): READ,
-and DEV, read afterwards so that settings are tuned on what a reader calls a loop or gibberish."""
+READER_LABELS = {
+    **{path: READING / f"{name}_labels.jsonl" for name, path in READ_OUTPUTS.items()},
+    OUTPUTS["dev"]: READING / "dev_labels.jsonl",
+}
+"""Files whose ``label`` is a reader's (their text rules' verdict is ``generator.rule_label``): the
+READ splits, and DEV, read afterwards so that settings are tuned on what a reader calls a loop or
+gibberish."""
 MODEL_NAME = "tiny-lm-zh-en"
 SEED = 14
 FRESH_SEED = 1402
-READ_SEED = 1403
 
 
 @dataclass(frozen=True)
@@ -179,12 +184,13 @@ def plan_fresh_requests(
 
 
 def plan_read_requests(
-    used_prompts: frozenset[str], count_per_lang: int = 20, regimes: tuple[Regime, ...] = REGIMES
+    name: str, used_prompts: frozenset[str], count_per_lang: int = 20, regimes: tuple[Regime, ...] = REGIMES
 ) -> list[Request]:
-    """The READ split: 40 prompts none of DEV, TEST or FRESH uses, every prompt in every regime;
-    ids ``lmr-NNNN``."""
-    prompts = corpus_prompts(count_per_lang, READ_SEED, exclude=used_prompts | set(HANDWRITTEN_PROMPTS))
-    return _requests(prompts, regimes, random.Random(READ_SEED), "lmr")
+    """A READ split: 40 prompts that no earlier split uses, every prompt in every regime; ids
+    ``lmr-NNNN`` (READ), ``lmr2-NNNN`` (READ2)."""
+    seed, prefix = READ_SPLITS[name]
+    prompts = corpus_prompts(count_per_lang, seed, exclude=used_prompts | set(HANDWRITTEN_PROMPTS))
+    return _requests(prompts, regimes, random.Random(seed), prefix)
 
 
 def sheet_key(request_id: str) -> str:
@@ -458,9 +464,11 @@ def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path |
     if split == "fresh":
         used = frozenset(line["generator"]["prompt"] for line in read_lines().values())
         requests, paths = plan_fresh_requests(used), [FRESH_OUTPUT]
-    elif split == "read":
-        used = frozenset(line["generator"]["prompt"] for line in read_lines((*OUTPUTS.values(), FRESH_OUTPUT)).values())
-        requests, paths = plan_read_requests(used), [READ_OUTPUT]
+    elif split in READ_SPLITS:
+        names = list(READ_SPLITS)
+        earlier = [*OUTPUTS.values(), FRESH_OUTPUT, *(READ_OUTPUTS[n] for n in names[: names.index(split)])]
+        used = frozenset(line["generator"]["prompt"] for line in read_lines(tuple(earlier)).values())
+        requests, paths = plan_read_requests(split, used), [READ_OUTPUTS[split]]
     else:
         requests, paths = plan_requests(count_per_lang), list(OUTPUTS.values())
     lex = lexicon()
@@ -469,13 +477,13 @@ def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path |
     gibberish = sum(line["label"]["gibberish"] for line in lines)
     if split == "fresh":
         write_lines(lines, FRESH_OUTPUT)
-    elif split == "read":
+    elif split in READ_SPLITS:
         # The text rules' verdict stays beside the reader's, never in ``label``.
         for line in lines:
             line["generator"]["rule_label"] = line.pop("label")
-        write_lines(lines, READ_OUTPUT)
+        write_lines(lines, READ_OUTPUTS[split])
         READING.mkdir(exist_ok=True)
-        write_reading_sheet(lines, READING / "read_sheet.md")
+        write_reading_sheet(lines, READING / f"{split}_sheet.md")
     else:
         write_split(lines)
     report = training_report(model_folder)
@@ -511,13 +519,16 @@ if __name__ == "__main__":
             print(f"[lm-traces] {trace_id}: {old} -> {new}", file=sys.stderr)
     elif sys.argv[1:] == ["--apply-read-labels"]:
         for traces, labels in READER_LABELS.items():
-            print(f"[lm-traces] labelled {apply_read_labels(traces, labels)} lines of {traces} from {labels}", file=sys.stderr)
-    elif sys.argv[1:] in ([], ["--fresh"], ["--read"]):
-        main({"--fresh": "fresh", "--read": "read"}.get(" ".join(sys.argv[1:]), "dev+test"))
+            if traces.exists() and not labels.exists():
+                print(f"[lm-traces] {traces.name}: not read yet ({labels} missing), left unlabelled", file=sys.stderr)
+            elif traces.exists():
+                print(f"[lm-traces] labelled {apply_read_labels(traces, labels)} lines of {traces} from {labels}", file=sys.stderr)
+    elif sys.argv[1:] in ([], ["--fresh"], *(["--read", name] for name in READ_SPLITS)):
+        main({"--fresh": "fresh"}.get(" ".join(sys.argv[1:]), sys.argv[2] if sys.argv[1:2] == ["--read"] else "dev+test"))
     else:
-        sys.exit("usage: python -m tests.corpora.lm_traces [--fresh | --read | --apply-read-labels | --relabel]\n"
+        sys.exit("usage: python -m tests.corpora.lm_traces [--fresh | --read read|read2 | --apply-read-labels | --relabel]\n"
                  "  (no option)  rewrite lm_traces_dev.jsonl and lm_traces_test.jsonl\n"
                  "  --fresh      write lm_traces_fresh.jsonl: new prompts, never tuned on\n"
-                 "  --read       write lm_traces_read.jsonl unlabelled, and reading/sheet.md for a reader\n"
+                 "  --read NAME  write lm_traces_NAME.jsonl unlabelled, and reading/NAME_sheet.md for a reader\n"
                  "  --apply-read-labels  label lm_traces_read.jsonl and lm_traces_dev.jsonl from reading/*_labels.jsonl\n"
                  "  --relabel    recompute DEV/TEST labels from their stored texts (no model)")
