@@ -8,9 +8,10 @@ transport's and the sinks' figures).
 The entropy detectors are also scored, side by side with the fleet, on every labelled corpus in
 tests/data/entropy/ except the tuning ones (dev.jsonl and lm_traces_dev.jsonl, where their settings
 were chosen): held_out.jsonl (synthetic, independent generator), lm_traces_test.jsonl (a real
-tiny LM served by vLLM with the tap) and lm_traces_fresh.jsonl (the same model, new prompts,
-generated after the settings were final and never looked at before being scored), and any corpus
-added there later joins by itself. Each corpus
+tiny LM served by vLLM with the tap), lm_traces_fresh.jsonl (the same model, new prompts,
+generated after the settings were final and never looked at before being scored),
+lm_traces_read.jsonl and lm_traces_read2.jsonl (new prompts again, labelled by a person who read
+every text; the note says so), and any corpus added there later joins by itself. Each corpus
 is run as sent by a full sender (token ids, and the sampled tokens' surprisals where the corpus
 has them), with the surprisals dropped (token ids alone: what the vLLM tap ships, since it sees the
 logits before the token is sampled) where the corpus has them, and with both dropped (entropies
@@ -162,6 +163,8 @@ def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str,
     anomaly_rate, anomaly_out = _rate(EntropyAnomalyDetector.from_settings(settings), records)
     baseline_rate, baseline_out = _rate(EntropyBaselineDetector.from_settings(settings), records)
     note = f"{path.name}: {len(truth)} labelled requests, per request; load average {load:.1f}"
+    if '"rule_label"' in path.read_text():  # the test corpora keep the text rules' verdict beside a reader's
+        note += "; labels: read by a person (tests/data/entropy/README.md)"
     results = {}
     for rule, attr in ((LOOP, "loop"), (GIBBERISH, "gibberish")):
         flagged = {a.request_id for a in anomaly_out if isinstance(a, Alert) and a.rule == rule}

@@ -1,0 +1,107 @@
+"""Reader labels for the tiny LM's traces (tests/corpora/lm_traces.py): the sheet a person reads shows
+nothing that gives the answer away, labels land on the right lines, and a mistake in the labels file
+is an error, not a silently half-labelled corpus (pure logic, no model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.corpora.lm_traces import (
+    READER_LABELS,
+    apply_read_labels,
+    relabel,
+    sheet_key,
+    write_lines,
+    write_reading_sheet,
+)
+
+
+def _line(request_id: str, regime: str, text: str) -> dict:
+    return {
+        "id": request_id,
+        "model": "tiny",
+        "entropy": [3.25, 4.5],
+        "token_ids": [7, 8],
+        "label": {"loop": False, "gibberish": regime == "very-hot"},
+        "generator": {"regime": regime, "temperature": 2.0, "prompt": "git ", "text": text,
+                      "label_evidence": {"gibberish": "40% unknown"}},
+    }
+
+
+def test_the_sheet_shows_prompt_and_text_only(tmp_path: Path) -> None:
+    lines = [_line("lmr-0004", "very-hot", "xq zzv 乱码"), _line("lmr-0000", "greedy", "%s: 无此文件")]
+    write_reading_sheet(lines, tmp_path / "read_sheet.md")
+    sheet = (tmp_path / "read_sheet.md").read_text()
+    assert "read_labels.jsonl" in sheet.splitlines()[0]
+    for hidden in ("lmr-", "very-hot", "greedy", "temperature", "3.25", "unknown", "gibberish"):
+        assert hidden not in sheet, hidden
+    assert "xq zzv 乱码" in sheet and "%s: 无此文件" in sheet and "prompt: git " in sheet
+    # ordered by key, not by id: ids are numbered prompt by prompt and regime by regime
+    keys = [line[3:] for line in sheet.splitlines() if line.startswith("## ")]
+    assert keys == sorted(sheet_key(line["id"]) for line in lines)
+
+
+def test_labels_land_by_key_and_the_rules_verdict_is_kept(tmp_path: Path) -> None:
+    traces = tmp_path / "traces.jsonl"
+    write_lines([_line("lmr-0001", "very-hot", "a"), _line("lmr-0002", "greedy", "b")], traces)
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(
+        json.dumps({"key": sheet_key("lmr-0002"), "loop": True, "gibberish": False, "why": "x"}) + "\n"
+        + json.dumps({"key": sheet_key("lmr-0001"), "loop": False, "gibberish": False, "why": "y"}) + "\n"
+    )
+    assert apply_read_labels(traces, labels) == 2
+    lines = {json.loads(raw)["id"]: json.loads(raw) for raw in traces.read_text().splitlines()}
+    assert lines["lmr-0002"]["label"] == {"loop": True, "gibberish": False}
+    assert lines["lmr-0001"]["label"] == {"loop": False, "gibberish": False}
+    assert lines["lmr-0001"]["generator"]["rule_label"] == {"loop": False, "gibberish": True}
+    # applied again (say after a correction): the rules' verdict is not replaced by the reader's
+    assert apply_read_labels(traces, labels) == 2
+    again = {json.loads(raw)["id"]: json.loads(raw) for raw in traces.read_text().splitlines()}
+    assert again["lmr-0001"]["generator"]["rule_label"] == {"loop": False, "gibberish": True}
+
+
+@pytest.mark.parametrize("problem", ["missing", "twice", "unknown"])
+def test_a_wrong_labels_file_is_an_error(tmp_path: Path, problem: str) -> None:
+    traces = tmp_path / "traces.jsonl"
+    write_lines([_line("lmr-0001", "greedy", "a"), _line("lmr-0002", "greedy", "b")], traces)
+    before = traces.read_text()
+    keys = {"missing": ["lmr-0001"], "twice": ["lmr-0001", "lmr-0001", "lmr-0002"],
+            "unknown": ["lmr-0001", "lmr-0002", "lmr-9999"]}[problem]
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("".join(
+        json.dumps({"key": sheet_key(k), "loop": False, "gibberish": False}) + "\n" for k in keys
+    ))
+    with pytest.raises(ValueError, match="labels.jsonl"):
+        apply_read_labels(traces, labels)
+    assert traces.read_text() == before  # nothing half-labelled
+
+
+def test_relabel_updates_the_rules_verdict_not_the_readers(tmp_path: Path) -> None:
+    """`--relabel` recomputes what the text rules say; on a reader-labelled line that is
+    ``generator.rule_label``, never the reader's ``label``."""
+    line = _line("lm-0001", "greedy", "plain readable text")
+    line["generator"]["rule_label"] = {"loop": True, "gibberish": True}  # stale: the rules say neither now
+    line["label"] = {"loop": True, "gibberish": False}  # the reader's
+    path = tmp_path / "dev.jsonl"
+    write_lines([line], path)
+    changed = relabel({"dev": path})
+    stored = json.loads(path.read_text())
+    assert stored["label"] == {"loop": True, "gibberish": False}
+    assert stored["generator"]["rule_label"] == {"loop": False, "gibberish": False}
+    assert changed == [("lm-0001", {"loop": True, "gibberish": True}, {"loop": False, "gibberish": False})]
+
+
+def test_every_reader_labelled_file_is_fully_labelled_by_its_labels_file() -> None:
+    """The checked-in corpora and their labels files agree line for line (a relabelled or
+    regenerated file that was not read again would fail here)."""
+    for traces, labels in READER_LABELS.items():
+        read = {json.loads(raw)["key"]: json.loads(raw) for raw in labels.read_text().splitlines()}
+        lines = [json.loads(raw) for raw in traces.read_text().splitlines()]
+        assert len(read) == len(lines), traces.name
+        for line in lines:
+            entry = read[sheet_key(line["id"])]
+            assert line["label"] == {"loop": entry["loop"], "gibberish": entry["gibberish"]}, line["id"]
+            assert "rule_label" in line["generator"], line["id"]
