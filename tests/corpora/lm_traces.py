@@ -486,6 +486,8 @@ def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path |
         write_reading_sheet(lines, READING / f"{split}_sheet.md")
     else:
         write_split(lines)
+        print("[lm-traces] DEV's labels are the text rules' again: if its texts did not change, --apply-read-labels "
+              "restores the reader's; if they did, reading/dev_sheet.md must be written and read again", file=sys.stderr)
     report = training_report(model_folder)
     print(
         f"[lm-traces] wrote {len(lines)} traces to {', '.join(str(p) for p in paths)}: {loops} loop, {gibberish} gibberish "
@@ -494,9 +496,11 @@ def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path |
     )
 
 
-def relabel(outputs: dict[str, Path] = OUTPUTS) -> list[tuple[str, dict, dict]]:
+def relabel(outputs: dict[str, Path] | None = None) -> list[tuple[str, dict, dict]]:
     """Labels recomputed from each checked-in line's decoded text (no model, no engine): what a
-    change to ``tests.corpora.text_labels`` does to the files. Returns (id, old, new) per change."""
+    change to ``tests.corpora.text_labels`` does to the files (default: DEV, TEST, READ, READ2).
+    Returns (id, old, new) per change."""
+    outputs = outputs or {**OUTPUTS, **READ_OUTPUTS}
     lex = lexicon()
     changed = []
     for path in outputs.values():
@@ -530,5 +534,6 @@ if __name__ == "__main__":
                  "  (no option)  rewrite lm_traces_dev.jsonl and lm_traces_test.jsonl\n"
                  "  --fresh      write lm_traces_fresh.jsonl: new prompts, never tuned on\n"
                  "  --read NAME  write lm_traces_NAME.jsonl unlabelled, and reading/NAME_sheet.md for a reader\n"
-                 "  --apply-read-labels  label lm_traces_read.jsonl and lm_traces_dev.jsonl from reading/*_labels.jsonl\n"
-                 "  --relabel    recompute DEV/TEST labels from their stored texts (no model)")
+                 "  --apply-read-labels  label READ, READ2 and DEV from reading/*_labels.jsonl\n"
+                 "  --relabel    recompute the text rules' labels from the stored texts (no model; a reader's\n"
+                 "               label stays, the rules' verdict beside it is updated)")
