@@ -337,7 +337,7 @@ class Publisher:
                         return
                     # A verdict on this record alone (e.g. over the client's message.max.bytes).
                     key = record.request_id.encode()
-                    if not self._reject(prefix + record.topic, key, value, exc.args[0]):
+                    if not self._reject(prefix + record.topic, key, value, exc.args[0], by="the Kafka client"):
                         self._spool_encoded(prefix + record.topic, key, value)  # kept there instead
                     break
         self._producer.poll(0)
@@ -490,10 +490,11 @@ class Publisher:
             self._replay_delivered.add(message.end)
             self._replay_rejected.add(message.end)
 
-    def _reject(self, topic: str, key: bytes, value: bytes, err: KafkaError) -> bool:
+    def _reject(self, topic: str, key: bytes, value: bytes, err: KafkaError, by: str = "the broker") -> bool:
         """Keep a record refused for good in ``rejected/`` and send a ``DeadLetter`` naming it.
-        False (and the record stays where it is) if it could not be kept."""
-        reason = f"the broker refused it for good ({err.name()}: {err.str()})"
+        False (and the record stays where it is) if it could not be kept. ``by``: whose verdict it
+        is (``produce()`` refusing a record over the client's ``message.max.bytes`` is the client's)."""
+        reason = f"{by} refused it for good ({err.name()}: {err.str()})"
         try:
             sha256 = self._rejected.keep(topic, key, value, err.name(), reason)
         except OSError as exc:
@@ -514,11 +515,8 @@ class Publisher:
                 source_topic=topic,
                 source_partition=0,  # it never reached a partition
                 source_offset=0,
-                reason=f"{reason}; kept by the publisher in {self._rejected.path}",
-                error_type="refused_by_broker",
-                payload=value[:4096],
-                payload_size=len(value),
-                payload_sha256=sha256,
+                **codec.failure_fields(f"{reason}; kept by the publisher in {self._rejected.path}",
+                                       "refused_by_broker", value),
             ))
         return True
 

@@ -261,15 +261,21 @@ def decode_many(
 
 
 def dead_letter_fields(error: CodecError, payload: bytes, keep_bytes: int = 4096) -> dict[str, object]:
-    """The part of a ``DeadLetter`` that describes the failure.
+    """The part of a ``DeadLetter`` that describes a record that failed to decode."""
+    return failure_fields(error.reason, error.error_type, payload, keep_bytes)
+
+
+def failure_fields(reason: str, error_type: str, payload: bytes, keep_bytes: int = 4096) -> dict[str, object]:
+    """The part of a ``DeadLetter`` that describes the failure (decoding, or a stage's own, such as
+    a record the broker refused).
 
     ``payload`` keeps up to ``keep_bytes`` for the trip to the stage that stores the dead letter
     (which moves them to the quarantine); ``payload_sha256`` and ``payload_size`` describe the
     whole payload, so the stored row identifies it without holding its text.
     """
     return {
-        "reason": error.reason[:1000],
-        "error_type": error.error_type,
+        "reason": reason[:1000],
+        "error_type": error_type,
         "payload": payload[:keep_bytes],
         "payload_size": len(payload),
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
@@ -290,4 +296,5 @@ __all__ = [
     "decode_many",
     "gc_paused",
     "dead_letter_fields",
+    "failure_fields",
 ]

@@ -196,8 +196,9 @@ def _create_small_feedback_topic(bootstrap: str, prefix: str, broker_limit: bool
 
 
 def _check_refused_for_good(bootstrap: str, prefix: str, spool_dir: Path, big: Feedback,
-                            stats: dict[str, int]) -> None:
-    """The big record is kept (0600, with the reason) and named by a dead letter; nothing else failed."""
+                            stats: dict[str, int]) -> DeadLetter:
+    """The big record is kept (0600, with the reason) and named by a dead letter (returned); nothing
+    else failed."""
     assert stats["failed"] == 1 and stats["dropped"] == 0 and stats["spool_bytes"] == 0, stats
     kept_files = list((spool_dir / "rejected").glob("*.jsonl"))
     assert len(kept_files) == 1, kept_files
@@ -211,6 +212,7 @@ def _check_refused_for_good(bootstrap: str, prefix: str, spool_dir: Path, big: F
     assert isinstance(letter, DeadLetter) and letter.error_type == "refused_by_broker"
     assert letter.payload_sha256 == kept[0]["sha256"] and letter.payload_size == kept[0]["size"]
     assert letter.source_topic == prefix + Feedback.topic and "MSG_SIZE_TOO_LARGE" in letter.reason
+    return letter
 
 
 @pytest.mark.parametrize("limit", ["broker", "client"])
@@ -235,7 +237,8 @@ def test_a_record_refused_for_good_is_kept_and_its_batch_is_delivered(
     assert stats["sent"] + stats["replayed"] == len(small) + 1, stats  # + the dead letter
     stored = consume_all(kafka_bootstrap, [topic_prefix + Span.topic, topic_prefix + Feedback.topic], len(small))
     assert report(f"one record refused ({limit})", small, stored)["lost"] == 0
-    _check_refused_for_good(kafka_bootstrap, topic_prefix, spool_dir, big, stats)
+    letter = _check_refused_for_good(kafka_bootstrap, topic_prefix, spool_dir, big, stats)
+    assert letter.reason.startswith({"broker": "the broker", "client": "the Kafka client"}[limit]), letter.reason
 
 
 def test_a_spooled_record_refused_for_good_does_not_block_the_replay(
