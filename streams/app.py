@@ -76,6 +76,7 @@ from entroloop.contract.ids import NodeStamper, derived_event_id
 from entroloop.contract.records import DeadLetter, Event, Health
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
+from entroloop.infra.gc_policy import tune_for_streaming
 from entroloop.infra.metrics import (
     CONSUMER_LAG,
     DEAD_LETTERS,
@@ -556,6 +557,7 @@ class StreamsApp:
                     logging.getLogger().setLevel(level)
 
         self.ensure_topics()
+        tune_for_streaming()  # the start-up heap frozen, collections batched (entroloop.infra.gc_policy)
         QuietWorker(self.app, loglevel=loglevel, quiet=True).execute_from_commandline()
 
 

@@ -282,6 +282,7 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
     from entroloop.contract.codec import CodecError, decode, encode
     from entroloop.contract.settings import load_settings
     from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
+    from entroloop.infra.gc_policy import tune_for_streaming
     from entroloop.streams.app import StreamsConfig, WatermarkCadence
     from entroloop.streams.defaults import default_processors
 
@@ -299,6 +300,7 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 5, "acks": "all"})
     consumer.subscribe([prefix + t for t in topics])
+    tune_for_streaming()  # as the Faust worker does, so the comparison is about the transport
     last_commit = time.monotonic()
     uncommitted = False
     try:
