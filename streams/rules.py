@@ -18,10 +18,11 @@ diffs and spans point into the original text.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import ahocorasick
@@ -150,21 +151,36 @@ _DATE_PATTERNS = (
 )
 
 
+_HAS_DIGIT = re.compile(r"\d").search
+
+
 def date_spans(text: str) -> list[tuple[int, int, tuple[int, int, int]]]:
     """(start, end, (year, month, day)) of every date, in text order; year 0 when not written.
 
     Forms: 2024-03-05, 2024/3/5, 2024.3.5, 2024年3月5日, 3月5日, March 5, 2024, 5 March 2024,
     March 5."""
+    return list(_date_spans(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _date_spans(text: str) -> tuple[tuple[int, int, tuple[int, int, int]], ...]:
+    # Cached: the bad-case join asks for the dates of the same response and correction several
+    # times (numbers, quantities, labels, the minimal failing example); every date has a digit,
+    # so most answers need no pattern at all; a text is blanked only where a pattern matched.
+    if not _HAS_DIGIT(text):
+        return ()
     found = []
     blanked = text
     for pattern in _DATE_PATTERNS:
-        for m in pattern.finditer(blanked):
+        matches = list(pattern.finditer(blanked))
+        for m in matches:
             groups = m.groupdict()
             month = _MONTHS[groups["mname"].lower()] if groups.get("mname") else int(groups["m"])
             year = int(groups["y"]) if groups.get("y") else 0
             found.append((m.start(), m.end(), (year, month, int(groups["d"]))))
-        blanked = pattern.sub(lambda m: " " * len(m.group()), blanked)
-    return sorted(found)
+        if matches:
+            blanked = pattern.sub(lambda m: " " * len(m.group()), blanked)
+    return tuple(sorted(found))
 
 
 def _norm_number(raw: str) -> str:
@@ -242,7 +258,9 @@ class ComplianceLexicon:
             self._automaton.add_word(term, term)
         if self.terms:
             self._automaton.make_automaton()
-        self.patterns = [re.compile(p, re.IGNORECASE) for p in patterns if p.strip()]
+        sources = [p for p in patterns if p.strip()]
+        self.patterns = [re.compile(p, re.IGNORECASE) for p in sources]
+        self._any_pattern = _any_of(sources)
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         """(start, end, term) of every non-negated match, in order; where a term and a pattern
@@ -251,7 +269,8 @@ class ComplianceLexicon:
         # lower() keeps length for the scripts the lexicon uses, so offsets stay valid; where it
         # does not (rare ligatures) the terms are still found, only offsets may shift.
         hits = [(end - len(t) + 1, end + 1, t) for end, t in self._automaton.iter(lowered)] if self.terms else []
-        for pattern in self.patterns:
+        # Most texts match no pattern: one scan says so, instead of one scan per pattern.
+        for pattern in self.patterns if self._any_pattern is None or self._any_pattern(lowered) else ():
             hits.extend((m.start(), m.end(), m.group().lower()) for m in pattern.finditer(lowered) if m.end() > m.start())
         kept: list[tuple[int, int, str]] = []
         for start, end, term in sorted(hits, key=lambda h: (h[0], h[0] - h[1])):
@@ -264,6 +283,21 @@ class ComplianceLexicon:
 
     def terms_in(self, text: str) -> Counter[str]:
         return Counter(t for _, _, t in self.find(text))
+
+
+_BACKREFERENCE = re.compile(r"\\[1-9]|\(\?P=")
+
+
+def _any_of(sources: list[str]) -> Callable[[str], Any] | None:
+    """A ``search`` that finds something exactly when one of ``sources`` matches somewhere; None
+    when the patterns cannot be joined safely (a back-reference would point at another pattern's
+    group, a global flag in the middle does not compile): then every pattern is scanned."""
+    if not sources or any(_BACKREFERENCE.search(p) for p in sources):
+        return None
+    try:
+        return re.compile("|".join(f"(?:{p})" for p in sources), re.IGNORECASE).search
+    except re.error:
+        return None
 
 
 def _negated(lowered: str, start: int) -> bool:
