@@ -7,6 +7,7 @@ from entroloop.streams.rules import (
     AMOUNT_FORMAT,
     COMPLIANCE,
     DATE,
+    DEFAULT_COMPLIANCE_PATTERNS,
     FACT,
     JSON_SCHEMA,
     NUMBER,
@@ -149,3 +150,23 @@ def test_compare_json_schema_label_only_when_correction_fixes_it() -> None:
     rules = ResponseRules(json_schemas={"json": SCHEMA})
     assert JSON_SCHEMA in rules.compare('{"amount": "3"}', '{"amount": 3, "currency": "CNY"}', route="json")
     assert JSON_SCHEMA not in rules.compare('{"amount": "3"}', '{"amount": "4"}', route="json")
+
+
+def test_the_joined_pattern_guard_finds_what_the_patterns_find() -> None:
+    """The one-scan guard (``_any_of``) must never hide a pattern's match: same hits with and
+    without it, on texts with and without matches; patterns it cannot join safely get no guard."""
+    from entroloop.streams.rules import _any_of
+
+    texts = ["这个产品稳赚不赔，保证收益", "not risk-free at all; guaranteed returns", "普通的回答，没有承诺。",
+             "abab xyzzy", "Insider tips: sure bet", ""]
+    guarded = ComplianceLexicon(patterns=(*DEFAULT_COMPLIANCE_PATTERNS, r"xyz+y"))
+    unguarded = ComplianceLexicon(patterns=(*DEFAULT_COMPLIANCE_PATTERNS, r"xyz+y"))
+    unguarded._any_pattern = None
+    assert guarded._any_pattern is not None
+    for text in texts:
+        assert guarded.find(text) == unguarded.find(text), text
+    # a back-reference would point at another pattern's group once joined; a mid-pattern global
+    # flag does not compile joined: both scan every pattern, and still find their matches
+    backref = ComplianceLexicon(terms=(), patterns=(r"(ab)\1",))
+    assert backref._any_pattern is None and [t for _, _, t in backref.find("x abab y")] == ["abab"]
+    assert _any_of(["a(?i)b"]) is None
