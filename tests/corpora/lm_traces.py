@@ -19,6 +19,7 @@ setting was chosen: settings are tuned on the DEV file only; the TEST file is th
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import json
@@ -517,23 +518,34 @@ def relabel(outputs: dict[str, Path] | None = None) -> list[tuple[str, dict, dic
     return changed
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--relabel"]:
+def _command_line(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.corpora.lm_traces",
+        description="Write or label the real (tiny) LM's labelled trace splits (tests/data/entropy/). "
+                    "With no option: rewrite lm_traces_dev.jsonl and lm_traces_test.jsonl.")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--fresh", action="store_true", help="write lm_traces_fresh.jsonl: new prompts, never tuned on")
+    what.add_argument("--read", choices=READ_SPLITS, metavar="NAME",
+                      help=f"write lm_traces_NAME.jsonl unlabelled, and reading/NAME_sheet.md for a reader "
+                           f"(NAME: {', '.join(READ_SPLITS)})")
+    what.add_argument("--apply-read-labels", action="store_true",
+                      help="label READ, READ2 and DEV from reading/*_labels.jsonl")
+    what.add_argument("--relabel", action="store_true",
+                      help="recompute the text rules' labels from the stored texts (no model; a reader's label "
+                           "stays, the rules' verdict beside it is updated)")
+    args = parser.parse_args(argv)
+    if args.relabel:
         for trace_id, old, new in relabel():
             print(f"[lm-traces] {trace_id}: {old} -> {new}", file=sys.stderr)
-    elif sys.argv[1:] == ["--apply-read-labels"]:
+    elif args.apply_read_labels:
         for traces, labels in READER_LABELS.items():
             if traces.exists() and not labels.exists():
                 print(f"[lm-traces] {traces.name}: not read yet ({labels} missing), left unlabelled", file=sys.stderr)
             elif traces.exists():
                 print(f"[lm-traces] labelled {apply_read_labels(traces, labels)} lines of {traces} from {labels}", file=sys.stderr)
-    elif sys.argv[1:] in ([], ["--fresh"], *(["--read", name] for name in READ_SPLITS)):
-        main({"--fresh": "fresh"}.get(" ".join(sys.argv[1:]), sys.argv[2] if sys.argv[1:2] == ["--read"] else "dev+test"))
     else:
-        sys.exit("usage: python -m tests.corpora.lm_traces [--fresh | --read read|read2 | --apply-read-labels | --relabel]\n"
-                 "  (no option)  rewrite lm_traces_dev.jsonl and lm_traces_test.jsonl\n"
-                 "  --fresh      write lm_traces_fresh.jsonl: new prompts, never tuned on\n"
-                 "  --read NAME  write lm_traces_NAME.jsonl unlabelled, and reading/NAME_sheet.md for a reader\n"
-                 "  --apply-read-labels  label READ, READ2 and DEV from reading/*_labels.jsonl\n"
-                 "  --relabel    recompute the text rules' labels from the stored texts (no model; a reader's\n"
-                 "               label stays, the rules' verdict beside it is updated)")
+        main("fresh" if args.fresh else args.read or "dev+test")
+
+
+if __name__ == "__main__":
+    _command_line(sys.argv[1:])

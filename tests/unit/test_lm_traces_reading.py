@@ -105,3 +105,20 @@ def test_every_reader_labelled_file_is_fully_labelled_by_its_labels_file() -> No
             entry = read[sheet_key(line["id"])]
             assert line["label"] == {"loop": entry["loop"], "gibberish": entry["gibberish"]}, line["id"]
             assert "rule_label" in line["generator"], line["id"]
+
+
+def test_the_command_line_names_each_split_and_refuses_the_rest(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import tests.corpora.lm_traces as lm_traces
+
+    asked: list[str] = []
+    monkeypatch.setattr(lm_traces, "main", asked.append)  # no model: only which split is asked for
+    for argv, split in (([], "dev+test"), (["--fresh"], "fresh"), (["--read", "read2"], "read2")):
+        lm_traces._command_line(argv)
+        assert asked.pop() == split
+    for wrong in (["--read", "read9"], ["--fresh", "--relabel"], ["--bogus"]):
+        with pytest.raises(SystemExit) as exit_info:
+            lm_traces._command_line(wrong)
+        assert exit_info.value.code == 2, wrong
+    assert "invalid choice: 'read9'" in capsys.readouterr().err
+    assert asked == []
