@@ -133,29 +133,36 @@ def corpora(folder: Path = CORPUS_DIR) -> list[Path]:
 def run_corpora(settings: Settings, folder: Path = CORPUS_DIR,
                 progress: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:
     """Every entropy detector on every reported corpus, with token ids and with entropies alone."""
+    from entroloop.cli.eval import EntropyLine, read_jsonl  # the eval's own reader: same format, same errors
+
     results: dict[str, dict[str, Any]] = {}
     for path in corpora(folder):
+        text = path.read_text()
+        lines = read_jsonl(path, EntropyLine)
+        # the test corpora keep the text rules' verdict (generator.rule_label) beside a reader's label
+        read_by_person = '"rule_label"' in text
         modes = [(True, True, path.stem), (False, False, f"{path.stem}, entropies only")]
         # ids and no surprisals: what a tap with ENTROLOOP_ENTROPY_TAP_SURPRISAL=false ships (the tap
         # ships both by default, gathered one step late, and the gateway gets both from vLLM's logprobs)
-        if '"surprisal"' in path.read_text():
+        if '"surprisal"' in text:
             modes.insert(1, (True, False, f"{path.stem}, token ids without surprisals"))
         for with_ids, with_surprisals, label in modes:
             progress(f"entropy detectors on {label}")
-            results.update(score_corpus(path, settings, with_ids, label, with_surprisals))
+            results.update(score_corpus(path, settings, with_ids, label, with_surprisals,
+                                        lines=lines, read_by_person=read_by_person))
     return results
 
 
 def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str,
-                 with_surprisals: bool | None = None) -> dict[str, dict[str, Any]]:
+                 with_surprisals: bool | None = None, lines: list[Any] | None = None,
+                 read_by_person: bool = False) -> dict[str, dict[str, Any]]:
     """Per-request precision and recall of each entropy detector on one labelled corpus (the
-    `entroloop eval entropy` format), in file order through fresh detectors, and its events/s."""
-    from entroloop.cli.eval import (  # the eval's own reader: same format, same errors
-        EntropyLine,
-        read_jsonl,
-    )
+    `entroloop eval entropy` format; ``lines``: the file already parsed), in file order through
+    fresh detectors, and its events/s."""
+    if lines is None:
+        from entroloop.cli.eval import EntropyLine, read_jsonl  # the eval's own reader: same format, same errors
 
-    lines = read_jsonl(path, EntropyLine)
+        lines = read_jsonl(path, EntropyLine)
     records = [line.record(f"bench-{number}-{line.id}", number, 1_700_000_000.0 + number * 0.001, "bench", with_ids,
                            with_surprisals) for number, line in enumerate(lines)]
     truth = {r.request_id: line.label for r, line in zip(records, lines) if line.label is not None}
@@ -163,7 +170,7 @@ def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str,
     anomaly_rate, anomaly_out = _rate(EntropyAnomalyDetector.from_settings(settings), records)
     baseline_rate, baseline_out = _rate(EntropyBaselineDetector.from_settings(settings), records)
     note = f"{path.name}: {len(truth)} labelled requests, per request; load average {load:.1f}"
-    if '"rule_label"' in path.read_text():  # the test corpora keep the text rules' verdict beside a reader's
+    if read_by_person:
         note += "; labels: read by a person (tests/data/entropy/README.md)"
     results = {}
     for rule, attr in ((LOOP, "loop"), (GIBBERISH, "gibberish")):

@@ -50,6 +50,7 @@ def test_corpus_figures_with_ids_and_from_entropies_alone(tmp_path: Path) -> Non
         # the cycle is found (by its ids, or by its entropies), the non-repeating low run is not
         assert (loop["precision"], loop["recall"]) == (1.0, 1.0), (mode, loop)
         assert "traces.jsonl: 3 labelled requests" in loop["note"]
+        assert "read by a person" not in loop["note"]
     static = run_corpora(Settings(entropy_evidence=False), folder=tmp_path)["repetition_loop [traces]"]
     assert static["precision"] == 0.5  # the literal rule flags the quiet run too: the test can tell them apart
 
@@ -91,6 +92,12 @@ def test_a_corpus_with_surprisals_is_also_scored_as_the_vllm_tap_ships_it(tmp_pa
     assert (results["gibberish [lm]"]["precision"], results["gibberish [lm]"]["recall"]) == (1.0, 1.0)
     for mode in ("lm, token ids without surprisals", "lm, entropies only"):
         assert results[f"gibberish [{mode}]"]["recall"] == 0.0, mode  # the surprisal was the only evidence
+    for result in results.values():  # labels with the text rules' verdict kept beside them: a reader's
+        assert "labels: read by a person" not in result["note"]
+    _write(tmp_path / "lm.jsonl", [{"id": "calm", "model": "m", **calm, "label": {"loop": False, "gibberish": False},
+                                    "generator": {"rule_label": {"loop": False, "gibberish": False}}}])
+    for result in run_corpora(Settings(entropy_evidence=True), folder=tmp_path).values():
+        assert "labels: read by a person" in result["note"]
     figs = {f.name: f for f in figures(results)}
     assert figs["gibberish [lm, token ids without surprisals] precision / recall"].target == "P >= 0.95, R >= 0.95"
 
