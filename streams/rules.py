@@ -162,10 +162,12 @@ def date_spans(text: str) -> list[tuple[int, int, tuple[int, int, int]]]:
     return list(_date_spans(text))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=64)
 def _date_spans(text: str) -> tuple[tuple[int, int, tuple[int, int, int]], ...]:
     # Cached: the bad-case join asks for the dates of the same response and correction several
-    # times (numbers, quantities, labels, the minimal failing example); every date has a digit,
+    # times in a row (numbers, quantities, labels, the minimal failing example). Small, because
+    # the repeats are back to back and a text may be up to a record's size (1 MiB): 64 such texts
+    # at most stay in memory, where 1,024 could have held a gigabyte. Every date has a digit,
     # so most answers need no pattern at all; a text is blanked only where a pattern matched.
     if not _HAS_DIGIT(text):
         return ()
