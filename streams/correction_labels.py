@@ -49,6 +49,7 @@ from entroloop.streams.rules import (
     invalid_dates,
     json_schema_violations,
     tokenize,
+    without_dates,
 )
 
 # Written unit -> canonical unit. Currencies canonicalise to ISO codes and are compared as amount
@@ -128,7 +129,7 @@ class Quantity(msgspec.Struct, frozen=True):
 
 def quantities_in(text: str) -> list[Quantity]:
     """Every number outside dates, with multiplier (万, million) and unit or currency, in order."""
-    blanked = _blank_dates(text)
+    blanked = without_dates(text)
     out = []
     for m in _QUANTITY_RE.finditer(blanked):
         number = m.group("num").replace(",", "").replace("，", "")
@@ -145,12 +146,6 @@ def quantities_in(text: str) -> list[Quantity]:
         raw = m.group("num") + (m.group("mul") or "")
         out.append(Quantity(m.start(), m.end(), raw, value.normalize(), unit, unit_text or pre))
     return out
-
-
-def _blank_dates(text: str) -> str:
-    for start, end, _ in date_spans(text):
-        text = text[:start] + " " * (end - start) + text[end:]
-    return text
 
 
 # --- content (the "fact" test) --------------------------------------------------------------

@@ -195,22 +195,34 @@ def _norm_number(raw: str) -> str:
     return repr(value) if not value.is_integer() else str(int(value))
 
 
-def _without_dates(text: str) -> str:
-    """``text`` with dates blanked out, so a changed day counts as a date error, not a number one."""
-    for start, end, _ in date_spans(text):
-        text = text[:start] + " " * (end - start) + text[end:]
-    return text
+def without_dates(text: str) -> str:
+    """``text`` with every date blanked out by as many spaces (offsets keep their meaning), so a
+    changed day counts as a date error, not a number one."""
+    spans = _date_spans(text)
+    if not spans:
+        return text
+    pieces = []
+    cursor = 0
+    for start, end, _ in spans:  # sorted by start
+        start = max(start, cursor)  # an overlap (none is known) must not lengthen the text
+        if start >= end:
+            continue
+        pieces.append(text[cursor:start])
+        pieces.append(" " * (end - start))
+        cursor = end
+    pieces.append(text[cursor:])
+    return "".join(pieces)
 
 
 def numbers(text: str) -> list[str]:
     """Every number in ``text`` outside dates, normalised, in order."""
-    return [_norm_number(m.group(1)) for m in _NUMBER_RE.finditer(_without_dates(text))]
+    return [_norm_number(m.group(1)) for m in _NUMBER_RE.finditer(without_dates(text))]
 
 
 def quantities(text: str) -> list[tuple[str, str]]:
     """(number, unit) for every number followed by a known unit; unit lower-cased."""
     out = []
-    text = _without_dates(text)
+    text = without_dates(text)
     for m in _NUMBER_RE.finditer(text):
         unit = _UNIT_AFTER_RE.match(text, m.end())
         if unit:
@@ -432,5 +444,6 @@ __all__ = [
     "numbers",
     "quantities",
     "tokenize",
+    "without_dates",
     "yuan_amounts",
 ]

@@ -21,6 +21,7 @@ from entroloop.streams.rules import (
     numbers,
     quantities,
     tokenize,
+    without_dates,
 )
 
 SCHEMA = {
@@ -43,6 +44,15 @@ def test_tokenize_kana_hangul_are_per_character() -> None:
 
 def test_numbers_normalised_and_dates_excluded() -> None:
     assert numbers("1,200.0 and 3.50 on 2024-03-05") == ["1200", "3.5"]
+
+
+def test_without_dates_blanks_each_date_in_place() -> None:
+    text = "付款 500 元，2024年3月5日前；March 5, 2024 之后 3月6日 再付 20"
+    blanked = without_dates(text)
+    assert len(blanked) == len(text)  # offsets of what is left keep their meaning
+    assert "2024" not in blanked and "March" not in blanked and "3月6日" not in blanked
+    assert blanked.split() == ["付款", "500", "元，", "前；", "之后", "再付", "20"]
+    assert without_dates("no dates, 12 apples") == "no dates, 12 apples"
 
 
 def test_quantities_prefer_longest_unit() -> None:
