@@ -40,6 +40,7 @@ from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event, RetrainRequest
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
 from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, mark_commit
+from entroloop.infra.partition_drain import DrainWatch
 
 log = logging.getLogger("entroloop.training.consumer")
 
@@ -126,8 +127,7 @@ class RetrainConsumer:
         )
         config.update(consumer_config or {})
         self.consumer = Consumer(config)
-        self._assigned: set[int] = set()
-        self._eof: set[int] = set()
+        self._drain = DrainWatch()
         self._stop = threading.Event()
         self.worker = JobWorker(runner, self.stats)
 
@@ -141,29 +141,18 @@ class RetrainConsumer:
         for job in self.runner.store.resumable():
             self.stats.resumed += 1
             self.worker.put(job)
-        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
+        self.consumer.subscribe([self.topic], on_assign=self._drain.on_assign,
+                                on_revoke=self._drain.on_revoke, on_lost=self._drain.on_revoke)
         try:
             while not self._stop.is_set():
                 message = self.consumer.poll(poll_s)
                 if message is not None:
                     self._handle(message)
-                elif until_idle and self._drained() and self.worker.idle:
+                elif until_idle and self._drain.drained and self.worker.idle:
                     break
         finally:
             self.consumer.close()
         return self.stats
-
-    def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
-        self._assigned |= {p.partition for p in partitions}
-
-    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
-        gone = {p.partition for p in partitions}
-        self._assigned -= gone
-        self._eof -= gone
-
-    def _drained(self) -> bool:
-        return bool(self._assigned) and self._assigned <= self._eof
 
     def _handle(self, message: Any) -> None:
         from confluent_kafka import KafkaError
@@ -171,11 +160,11 @@ class RetrainConsumer:
         error = message.error()
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
-                self._eof.add(message.partition())
+                self._drain.reached_end(message.partition())
             else:
                 log.warning("trainer consumer: %s", error)
             return
-        self._eof.discard(message.partition())
+        self._drain.got_record(message.partition())
         self.stats.messages += 1
         EVENTS_IN.labels("trainer", RETRAIN_TOPIC).inc()
         value = message.value() or b""

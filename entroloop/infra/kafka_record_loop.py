@@ -35,6 +35,7 @@ from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
 from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, mark_commit
+from entroloop.infra.partition_drain import DrainWatch
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,7 @@ class RecordConsumer:
         )
         config.update(consumer_config or {})
         self.consumer = Consumer(config)
-        self._assigned: set[int] = set()
-        self._eof: set[int] = set()
+        self._drain = DrainWatch()
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -146,31 +146,20 @@ class RecordConsumer:
         """Consume until ``stop()``; with ``until_idle``, return once every assigned partition is at its
         end (``max_wait_s``: give up waiting for an assignment after that long)."""
         started = time.monotonic()
-        self.consumer.subscribe([self.kafka_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
+        self.consumer.subscribe([self.kafka_topic], on_assign=self._drain.on_assign,
+                                on_revoke=self._drain.on_revoke, on_lost=self._drain.on_revoke)
         try:
             while not self._stop.is_set():
                 message = self.consumer.poll(poll_s)
                 if message is not None:
                     more = self.consumer.consume(self.max_batch - 1, 0) if self.max_batch > 1 else []
                     self._take([message, *more])
-                elif until_idle and (self._drained() or (max_wait_s is not None and not self._assigned
+                elif until_idle and (self._drain.drained or (max_wait_s is not None and not self._drain.assigned
                                                          and time.monotonic() - started > max_wait_s)):
                     break
         finally:
             self.consumer.close()
         return self.stats
-
-    def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
-        self._assigned |= {p.partition for p in partitions}
-
-    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
-        gone = {p.partition for p in partitions}
-        self._assigned -= gone
-        self._eof -= gone
-
-    def _drained(self) -> bool:
-        return bool(self._assigned) and self._assigned <= self._eof
 
     def _take(self, messages: list[Any]) -> None:
         from confluent_kafka import KafkaError
@@ -182,11 +171,11 @@ class RecordConsumer:
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    self._eof.add(message.partition())
+                    self._drain.reached_end(message.partition())
                 else:
                     log.warning("%s consumer: %s", self.component, error)
                 continue
-            self._eof.discard(message.partition())
+            self._drain.got_record(message.partition())
             last[(message.topic(), message.partition())] = message.offset()
             self.stats.messages += 1
             EVENTS_IN.labels(self.component, self.topic).inc()
