@@ -67,6 +67,7 @@ from entroloop.contract import codec
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event
 from entroloop.contract.settings import Settings
+from entroloop.infra.log_throttle import LogThrottle
 from entroloop.infra.private_files import make_private_dir
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,11 @@ class Publisher:
         self._replay_rejected: set[int] = set()
         self._last_probe = 0.0
         self._lock = threading.Lock()
-        self._drop_logged_at = 0.0
+        # Conditions that fire once per record log at most once per 5 s, with the count so far
+        # (entroloop.infra.log_throttle): a refused topic must not bury the log.
+        self._drop_log = LogThrottle(5.0)
+        self._refusal_log = LogThrottle(5.0)
+        self._rejection_log = LogThrottle(5.0)
         make_private_dir(self.config.spool_dir)  # spooled records hold prompts and answers: 0700
         own = self.config.spool_dir / f"{self.config.client_id}-{self._pid}-{next(_instance_numbers)}.spool"
         self._spool = Spool(own, self.config.spool_max_bytes, self.config.fsync)
@@ -360,9 +365,7 @@ class Publisher:
         except SpoolFull as exc:
             with self._lock:
                 self._counts["dropped"] += 1
-            now = time.monotonic()
-            if now - self._drop_logged_at > 5.0:
-                self._drop_logged_at = now
+            if self._drop_log.due():
                 log.error("publisher: DROPPING records, %s (dropped so far: %d)", exc, self._counts["dropped"])
             return False
         with self._lock:  # the caller's thread spools too when the queue is full
@@ -503,8 +506,9 @@ class Publisher:
             return False
         with self._lock:
             self._counts["failed"] += 1
-        log.error("publisher: %d-byte record for %s refused for good (%s); kept in %s",
-                  len(value), topic, err.name(), self._rejected.path)
+        if self._rejection_log.due():
+            log.error("publisher: %d-byte record for %s refused for good (%s); kept in %s (refused for good so "
+                      "far: %d)", len(value), topic, err.name(), self._rejected.path, self._counts["failed"])
         if topic != self.config.topic_prefix + DeadLetter.topic:  # never a dead letter of a dead letter
             self.publish(DeadLetter(
                 event_id=derived_event_id(f"{topic}/refused/{sha256}", "dead_letter", at=0.0),
@@ -531,7 +535,9 @@ class Publisher:
         else:
             # Maybe a neighbour's refusal (the broker refuses whole batches): the replay sends the
             # record again alone before calling it refused for good.
-            log.warning("publisher: broker refused a record for %s (%s); retrying it alone", msg.topic(), err.name())
+            if self._refusal_log.due():
+                log.warning("publisher: broker refused a record for %s (%s); retrying it alone (refusals so far: "
+                            "%d)", msg.topic(), err.name(), self._counts["delivery_errors"])
         self._spool_encoded(msg.topic(), msg.key() or b"", msg.value() or b"")
 
     def _on_error(self, err: KafkaError) -> None:

@@ -156,3 +156,36 @@ def test_records_queued_at_interpreter_exit_land_in_the_spool(tmp_path: Path) ->
     root = Path(__file__).resolve().parents[3]
     subprocess.run([sys.executable, "-c", script], cwd=root, check=True, timeout=60)
     assert len(spooled_values(tmp_path)) == 2000
+
+
+class _RefusedMessage:
+    """What librdkafka hands the delivery callback for a record the broker refused."""
+
+    def __init__(self, value: bytes) -> None:
+        self._value = value
+
+    def topic(self) -> str:
+        return "unit.feedback"
+
+    def key(self) -> bytes:
+        return b"req"
+
+    def value(self) -> bytes:
+        return self._value
+
+
+def test_a_refused_topic_logs_one_line_not_one_per_record(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from confluent_kafka import KafkaError
+
+    publisher = Publisher(offline_config(tmp_path))
+    refused = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    assert not refused.retriable()  # a refusal, not an outage: each record is retried alone, then kept
+    values = [codec.encode(r) for r in feedback_records(200)]
+    caplog.set_level("WARNING", logger="entroloop.collectors.publisher")
+    for value in values:
+        publisher._on_live_delivery(refused, _RefusedMessage(value))  # noqa: SLF001 - the librdkafka callback
+    lines = [r.getMessage() for r in caplog.records if "retrying it alone" in r.getMessage()]
+    stats = publisher.close(timeout=0.2)
+    assert len(lines) == 1 and "refusals so far: 1" in lines[0], lines
+    assert stats["delivery_errors"] == 200 and stats["spooled"] == 200, stats  # every one counted and kept
+    assert spooled_values(tmp_path) == values
