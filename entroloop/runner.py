@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -28,11 +27,10 @@ from pathlib import Path
 from entroloop.contract.codec import (
     CodecError,
     EventTimeWindow,
-    dead_letter_fields,
+    dead_letter_at,
     decode,
     encode,
 )
-from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME, TOPICS, topic_of
@@ -290,18 +288,7 @@ class EmbeddedRunner:
 
     def _dead_letter(self, topic: str, partition: int, offset: int, key: str, value: bytes, err: CodecError) -> DeadLetter:
         self.dead_letter_reasons[err.error_type] += 1
-        at = time.time()
-        letter = DeadLetter(
-            event_id=derived_event_id(f"{topic}/{partition}/{offset}", "dead_letter", at=0.0),
-            emitted_at=at,
-            node_id=RUNNER_NODE,
-            seq=offset,
-            request_id=key,
-            source_topic=topic,
-            source_partition=partition,
-            source_offset=offset,
-            **dead_letter_fields(err, value),
-        )
+        letter = dead_letter_at(topic, partition, offset, key=key, payload=value, error=err, node_id=RUNNER_NODE)
         return self.quarantine.keep(letter, value)  # the whole payload, not just the carried start
 
     def _fire_watermark(self) -> Iterable[Event]:

@@ -69,11 +69,10 @@ from entroloop.sinks.batching import SinkBatcher, Slice
 from entroloop.contract.codec import (
     CodecError,
     EventTimeWindow,
-    dead_letter_fields,
+    dead_letter_at,
     decode_many,
     encode,
 )
-from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter, Event
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME
@@ -491,18 +490,8 @@ class KafkaSinkConsumer:
 
     def _dead_letter(self, state: _Partition, message: Any, value: bytes, err: CodecError) -> DeadLetter:
         """Same id as the embedded runner's and the Faust worker's: a redelivery repeats the id."""
-        offset = message.offset()
-        return DeadLetter(
-            event_id=derived_event_id(f"{state.topic}/{state.partition}/{offset}", "dead_letter", at=0.0),
-            emitted_at=time.time(),
-            node_id=f"sink-{self.kind}",
-            seq=offset,
-            request_id=(message.key() or b"").decode(errors="replace"),
-            source_topic=state.topic,
-            source_partition=state.partition,
-            source_offset=offset,
-            **dead_letter_fields(err, value),
-        )
+        return dead_letter_at(state.topic, state.partition, message.offset(), key=message.key(), payload=value,
+                              error=err, node_id=f"sink-{self.kind}")
 
     @staticmethod
     def _appended_at(messages: list[Any]) -> float | None:
@@ -709,18 +698,8 @@ class KafkaSinkConsumer:
             partition, offset, _ = located[index]
             err = CodecError(f"ClickHouse refused the record: {reason}")
             err.error_type = "insert_rejected"
-            value = encode(record)
-            letter = DeadLetter(
-                event_id=derived_event_id(f"{topic}/{partition}/{offset}", "dead_letter", at=0.0),
-                emitted_at=time.time(),
-                node_id=f"sink-{self.kind}",
-                seq=offset,
-                request_id=record.request_id,
-                source_topic=topic,
-                source_partition=partition,
-                source_offset=offset,
-                **dead_letter_fields(err, value),
-            )
+            letter = dead_letter_at(topic, partition, offset, key=record.request_id, payload=encode(record),
+                                    error=err, node_id=f"sink-{self.kind}")
             log.warning("%s[%d] offset %d: dead-lettered, %s", self.prefix + topic, partition, offset, err.reason[:300])
             self._produce_dead_letters([letter])
 

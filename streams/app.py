@@ -71,8 +71,8 @@ from entroloop.streams.faust_offsets import (
 )
 from entroloop.streams.table_state import TableState, TableStateSpec
 
-from entroloop.contract.codec import CodecError, dead_letter_fields, decode, encode
-from entroloop.contract.ids import NodeStamper, derived_event_id
+from entroloop.contract.codec import CodecError, dead_letter_at, decode, encode
+from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import DeadLetter, Event, Health
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
@@ -469,17 +469,7 @@ class StreamsApp:
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes, err: CodecError
     ) -> DeadLetter:
         """Same shape as the embedded runner's: a redelivered poison record gets the same event id."""
-        return DeadLetter(
-            event_id=derived_event_id(f"{topic}/{partition}/{offset}", "dead_letter", at=0.0),
-            emitted_at=time.time(),
-            node_id=self.config.node_id,
-            seq=offset,
-            request_id=(key or b"").decode(errors="replace"),
-            source_topic=topic,
-            source_partition=partition,
-            source_offset=offset,
-            **dead_letter_fields(err, value),
-        )
+        return dead_letter_at(topic, partition, offset, key=key, payload=value, error=err, node_id=self.config.node_id)
 
     # --- health --------------------------------------------------------------------------------
     def health_records(self) -> list[Health]:

@@ -29,15 +29,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from entroloop.training.jobs import Job, JobBusy, JobRunner
 
-from entroloop.contract.codec import CodecError, dead_letter_fields, decode
-from entroloop.contract.ids import derived_event_id
-from entroloop.contract.records import DeadLetter, Event, RetrainRequest
+from entroloop.contract.codec import CodecError, dead_letter_at, decode
+from entroloop.contract.records import Event, RetrainRequest
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
 from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, mark_commit
 from entroloop.infra.partition_drain import DrainWatch
@@ -204,18 +202,8 @@ class RetrainConsumer:
 
     def _dead_letter(self, message: Any, value: bytes, err: CodecError) -> Event:
         """Same id derivation as the sinks' dead letters: a redelivery repeats the id."""
-        offset = message.offset()
-        return DeadLetter(
-            event_id=derived_event_id(f"{RETRAIN_TOPIC}/{message.partition()}/{offset}", "dead_letter", at=0.0),
-            emitted_at=time.time(),
-            node_id=f"trainer@{self.settings.node_id}",
-            seq=offset,
-            request_id=(message.key() or b"").decode(errors="replace"),
-            source_topic=RETRAIN_TOPIC,
-            source_partition=message.partition(),
-            source_offset=offset,
-            **dead_letter_fields(err, value),
-        )
+        return dead_letter_at(RETRAIN_TOPIC, message.partition(), message.offset(), key=message.key(),
+                              payload=value, error=err, node_id=f"trainer@{self.settings.node_id}")
 
 
 __all__ = ["RETRAIN_TOPIC", "JobWorker", "RetrainConsumer", "TrainerStats"]

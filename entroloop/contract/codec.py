@@ -24,6 +24,7 @@ from operator import attrgetter
 import msgspec
 import numpy as np
 
+from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import SCHEMA_VERSION, AnyRecord, DeadLetter, Event
 
 DEFAULT_MAX_RECORD_BYTES = 1 << 20
@@ -265,6 +266,27 @@ def dead_letter_fields(error: CodecError, payload: bytes, keep_bytes: int = 4096
     return failure_fields(error.reason, error.error_type, payload, keep_bytes)
 
 
+def dead_letter_at(
+    topic: str, partition: int, offset: int, *, key: bytes | str | None, payload: bytes, error: CodecError,
+    node_id: str, emitted_at: float | None = None,
+) -> DeadLetter:
+    """The dead letter for the record at ``topic``/``partition``/``offset`` (``topic`` without the
+    prefix). Every stage builds it here, so the id depends on the position alone: a record
+    redelivered, or dead-lettered by each stage that reads it, gets one id and the sinks keep one row."""
+    request_id = key.decode(errors="replace") if isinstance(key, bytes) else (key or "")
+    return DeadLetter(
+        event_id=derived_event_id(f"{topic}/{partition}/{offset}", "dead_letter", at=0.0),
+        emitted_at=time.time() if emitted_at is None else emitted_at,
+        node_id=node_id,
+        seq=offset,
+        request_id=request_id,
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+        **dead_letter_fields(error, payload),
+    )
+
+
 def failure_fields(reason: str, error_type: str, payload: bytes, keep_bytes: int = 4096) -> dict[str, object]:
     """The part of a ``DeadLetter`` that describes the failure (decoding, or a stage's own, such as
     a record the broker refused).
@@ -295,6 +317,7 @@ __all__ = [
     "decode",
     "decode_many",
     "gc_paused",
+    "dead_letter_at",
     "dead_letter_fields",
     "failure_fields",
 ]

@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from entroloop.contract.codec import CodecError, dead_letter_fields, decode, encode
-from entroloop.contract.ids import derived_event_id
+from entroloop.contract.codec import CodecError, dead_letter_at, decode, encode
 from entroloop.contract.records import DeadLetter, Event
 from entroloop.infra.kafka_consumer_config import manual_commit_consumer_config
 from entroloop.infra.metrics import DEAD_LETTERS, EVENTS_IN, mark_commit
@@ -223,18 +222,8 @@ class RecordConsumer:
 
     def _dead_letter(self, message: Any, value: bytes, err: CodecError) -> DeadLetter:
         """Same id derivation as the sinks' and the trainer's: a redelivery repeats the id."""
-        offset = message.offset()
-        return DeadLetter(
-            event_id=derived_event_id(f"{self.topic}/{message.partition()}/{offset}", "dead_letter", at=0.0),
-            emitted_at=time.time(),
-            node_id=f"{self.component}@{self.settings.node_id}",
-            seq=offset,
-            request_id=(message.key() or b"").decode(errors="replace"),
-            source_topic=self.topic,
-            source_partition=message.partition(),
-            source_offset=offset,
-            **dead_letter_fields(err, value),
-        )
+        return dead_letter_at(self.topic, message.partition(), message.offset(), key=message.key(),
+                              payload=value, error=err, node_id=f"{self.component}@{self.settings.node_id}")
 
 
 __all__ = ["DeliveringProducer", "DeliveryFailed", "LoopStats", "RecordConsumer"]

@@ -9,12 +9,11 @@ only.
 from __future__ import annotations
 
 import hashlib
-import time
 
 import pytest
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
-from entroloop.contract.codec import MalformedRecord, dead_letter_fields
+from entroloop.contract.codec import MalformedRecord, dead_letter_at, dead_letter_fields
 from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import DeadLetter
 from entroloop.infra.quarantine import NotQuarantined, local_quarantine
@@ -24,17 +23,21 @@ PII_PAYLOAD = "我的手机号13900001111，邮箱是bob.jones@example.org，订
 
 def letter(offset: int, payload: bytes = PII_PAYLOAD) -> DeadLetter:
     err = MalformedRecord("not a record: truncated MessagePack")
-    return DeadLetter(
-        event_id=derived_event_id(f"entroloop.audit.v1/0/{offset}", "dead_letter", at=0.0),
-        emitted_at=time.time(),
-        node_id="runner",
-        seq=offset,
-        request_id="req-1",
-        source_topic="entroloop.audit.v1",
-        source_partition=0,
-        source_offset=offset,
-        **dead_letter_fields(err, payload),
-    )
+    return dead_letter_at("entroloop.audit.v1", 0, offset, key=b"req-1", payload=payload, error=err, node_id="runner")
+
+
+def test_a_dead_letter_is_named_by_its_position_alone():
+    """Every stage builds dead letters with dead_letter_at: a redelivered poison record, or one that
+    the worker and a sink both refuse, is one row, whoever wrote it and whenever."""
+    first = letter(7)
+    again = dead_letter_at("entroloop.audit.v1", 0, 7, key="req-1", payload=b"other", error=MalformedRecord("y"),
+                           node_id="sink-audit", emitted_at=first.emitted_at + 60)
+    assert first.event_id == again.event_id == derived_event_id("entroloop.audit.v1/0/7", "dead_letter", at=0.0)
+    assert first.request_id == again.request_id == "req-1"  # bytes keys decoded, str keys kept
+    assert letter(8).event_id != first.event_id
+    assert dead_letter_at("entroloop.audit.v1", 1, 7, key=None, payload=b"", error=MalformedRecord("y"),
+                          node_id="runner").event_id != first.event_id
+    assert (first.source_topic, first.source_partition, first.source_offset, first.seq) == ("entroloop.audit.v1", 0, 7, 7)
 
 
 def test_dead_letter_fields_hash_the_whole_payload_not_just_the_kept_start():
