@@ -104,8 +104,9 @@ def build_records(
         route=route,
         tenant=exchange.tenant,
         user_id=redactor.pseudonymise_user(capture.user_of(exchange.body, exchange.headers)),
-        prompt_template_version=exchange.headers.get("x-entroloop-prompt-version", ""),
-        sampling=capture.sampling_of(exchange.body),
+        prompt_template_version=redactor.redact_text(exchange.headers.get("x-entroloop-prompt-version", "")[:256]),
+        sampling={k: redactor.redact_text(v) if isinstance(v, str) else v
+                  for k, v in capture.sampling_of(exchange.body).items()},
         tokenizer_digest=tokenizer_digest,
         engine_version=engine_version,
         redactions=redacted.counts,

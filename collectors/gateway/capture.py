@@ -54,7 +54,7 @@ def _redact_tree(value: Any, redactor: PiiRedactor, counts: Counter[str]) -> Any
     if isinstance(value, list):
         return [_redact_tree(v, redactor, counts) for v in value]
     if isinstance(value, dict):
-        return {k: _redact_tree(v, redactor, counts) for k, v in value.items()}
+        return {_redact_tree(k, redactor, counts): _redact_tree(v, redactor, counts) for k, v in value.items()}
     return value
 
 

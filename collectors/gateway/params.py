@@ -64,6 +64,27 @@ class InvalidRequest(Exception):
         return {"error": {"message": self.message, "type": "invalid_request_error", "param": self.param, "code": None}}
 
 
+MAX_JSON_DEPTH = 64  # deeper bodies could not be redacted (recursion) and so never audited
+
+
+def _check_tree(body: Any) -> None:
+    """Refuse what the audit could not record: nesting over ``MAX_JSON_DEPTH``, strings that are not
+    valid Unicode (a lone surrogate ``\\ud800`` parses, then fails every UTF-8 encode)."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidRequest("the request body holds a string that is not valid Unicode (a lone surrogate)") from None
+        elif isinstance(value, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidRequest(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -76,6 +97,7 @@ def parse_body(raw: bytes, path: str) -> dict[str, Any]:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}"[:300]) from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    _check_tree(body)
     schema = ChatRequest if path.endswith("chat/completions") else CompletionRequest
     try:
         schema.model_validate(body)

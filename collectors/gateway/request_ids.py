@@ -8,6 +8,7 @@ it), replacing any the engine sent. The client cites it in ``POST /v1/feedback``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 
 from starlette.datastructures import Headers, MutableHeaders
@@ -16,6 +17,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from entroloop.contract.ids import uuid7
 
 HEADER_REQUEST_ID = "x-request-id"
+# A client's id is kept only when POST /v1/feedback can cite it (feedback.MAX_ID_CHARS: at most 128
+# characters) and it is printable ASCII without spaces (it becomes a Kafka key and a log field);
+# anything else is replaced, or the answer could never get feedback.
+_CLIENT_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
 class RequestIdMiddleware:
@@ -29,7 +34,8 @@ class RequestIdMiddleware:
         if scope["type"] != "http" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
-        request_id = Headers(scope=scope).get(HEADER_REQUEST_ID) or uuid7()
+        given = Headers(scope=scope).get(HEADER_REQUEST_ID, "")
+        request_id = given if _CLIENT_ID.match(given) else uuid7()
         scope.setdefault("state", {})["request_id"] = request_id
 
         async def send_with_id(message: Message) -> None:
