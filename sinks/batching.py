@@ -73,6 +73,7 @@ class _TopicBuffer:
     oldest: float = 0.0
     retry_at: float = 0.0
     failures: int = 0
+    retry_cut: list[Slice] | None = None  # a failed write is retried with the same cut, not a longer one
 
 
 class SinkBatcher:
@@ -152,6 +153,7 @@ class SinkBatcher:
         part = buf.partitions.pop(partition, None) if buf else None
         if not part:
             return 0
+        buf.retry_cut = None
         buf.rows -= len(part.records)
         self.buffered_rows -= len(part.records)
         return len(part.records)
@@ -166,22 +168,23 @@ class SinkBatcher:
                and (force or buf.rows >= self.max_rows or now - buf.oldest >= self.max_seconds)}
         if not due:
             return committed
-        cuts = {topic: self._cut(topic, buf) for topic, buf in due.items()}
+        cuts = {topic: buf.retry_cut or self._cut(topic, buf) for topic, buf in due.items()}
         prepare = getattr(self.target, "prepare", None)
         if prepare is not None:
             # one step ahead of all the writes of this flush (the Kafka sink journals them in one commit)
             try:
                 prepare(cuts)
             except Exception as exc:  # noqa: BLE001 - like a failed write of every due topic
-                for buf in due.values():
-                    self._failed(buf, exc, now)
+                for topic, buf in due.items():
+                    self._failed(buf, exc, now, cuts[topic])
                 return committed
         for topic, buf in due.items():
             committed.extend(self._flush_topic(topic, buf, now, cuts[topic]))
         return committed
 
-    def _failed(self, buf: _TopicBuffer, exc: Exception, now: float) -> None:
-        """The rows stay buffered; the retry waits longer each time."""
+    def _failed(self, buf: _TopicBuffer, exc: Exception, now: float, cut: list[Slice]) -> None:
+        """The rows stay buffered; the retry waits longer each time and writes the same cut."""
+        buf.retry_cut = cut
         buf.failures += 1
         self.write_errors += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
@@ -224,8 +227,9 @@ class SinkBatcher:
                 for s in slices:
                     self.target.write(topic, s.partition, s.first, s.last, s.records)
         except Exception as exc:  # noqa: BLE001 - any failure: keep the rows, retry later
-            self._failed(buf, exc, now)
+            self._failed(buf, exc, now, slices)
             return []
+        buf.retry_cut = None
         buf.failures = 0
         buf.retry_at = 0.0
         self.last_error = ""
