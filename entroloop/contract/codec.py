@@ -28,6 +28,7 @@ from entroloop.contract.ids import derived_event_id
 from entroloop.contract.records import SCHEMA_VERSION, AnyRecord, DeadLetter, Event
 
 DEFAULT_MAX_RECORD_BYTES = 1 << 20
+MAX_DEAD_LETTER_KEY_CHARS = 1024
 
 
 class CodecError(Exception):
@@ -274,6 +275,7 @@ def dead_letter_at(
     prefix). Every stage builds it here, so the id depends on the position alone: a record
     redelivered, or dead-lettered by each stage that reads it, gets one id and the sinks keep one row."""
     request_id = key.decode(errors="replace") if isinstance(key, bytes) else (key or "")
+    request_id = request_id[:MAX_DEAD_LETTER_KEY_CHARS]  # the key is the poison's too: keep the letter producible
     return DeadLetter(
         event_id=derived_event_id(f"{topic}/{partition}/{offset}", "dead_letter", at=0.0),
         emitted_at=time.time() if emitted_at is None else emitted_at,
