@@ -145,14 +145,18 @@ class AuditParquetWriter:
         state.batches.add(manifest.key)
 
     # --- writing ---------------------------------------------------------------------------------
-    def _put_file(self, key: str, data: bytes) -> tuple[str, int]:
+    def _put_file(self, key: str, data: bytes, table: pa.Table) -> tuple[str, int]:
         """Store one data file once; return (sha256, size) of the object that holds it."""
         try:
             created = self.store.put_once(key, data)
         except ObjectExists:
             # Written by an earlier attempt of this same batch (same offsets, so the same records)
-            # with other bytes, e.g. before a Parquet library upgrade: the stored object stands.
+            # with other bytes, e.g. before a Parquet library upgrade: the stored object stands,
+            # but only if it holds exactly these records (else someone planted it at a known key).
             existing = self.store.get(key)
+            if not pq.read_table(io.BytesIO(existing), use_threads=False).equals(table):
+                raise AuditChainError(f"{key} already exists with other records than this batch; "
+                                      "refusing to chain it (run `entroloop audit verify`)")
             self.files_skipped += 1
             return sha256_hex(existing), len(existing)
         if created:
@@ -193,7 +197,8 @@ class AuditParquetWriter:
         files = []
         for folder, group in sorted(groups.items()):
             file_key = f"{folder}/{batch}.parquet"
-            sha, size = self._put_file(file_key, parquet_bytes(layout.table(group)))
+            table = layout.table(group)
+            sha, size = self._put_file(file_key, parquet_bytes(table), table)
             files.append(FileEntry(file_key, sha, len(group), size))
             self.records_written += len(group)
         files.sort(key=lambda f: f.key)

@@ -1,0 +1,96 @@
+"""An intruder with write access to the audit folder but not the signing key, and a reader asking
+for nobody: neither gets records it should not. Both failed before their fixes (found in an
+attacker's review of the audit store); the third test keeps the honest retry working."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import msgspec
+import pyarrow.parquet as pq
+from entroloop.sinks.audit.checkpointer import Checkpointer
+from entroloop.sinks.audit.parquet_writer import AuditChainError, AuditParquetWriter, parquet_bytes
+from entroloop.sinks.audit.verify import verify_store
+from typer.testing import CliRunner
+
+from entroloop.cli import app
+from entroloop.contract.records import Audit
+from entroloop.infra.worm.anchors import FolderAnchor, read_checkpoints
+from entroloop.infra.worm.checkpoints import CheckpointSigner, generate_key_pair, load_private_key, load_public_key
+from entroloop.infra.worm.layouts import AUDIT_LAYOUT
+from entroloop.infra.worm.manifest import batch_name
+from entroloop.infra.worm.reader import find_records
+from entroloop.infra.worm.worm_store import LocalWormStore
+from tests.unit.sinks.audit_attacks import _overwrite
+from tests.unit.sinks.sink_records import sample_records
+
+TOPIC = Audit.topic
+
+
+def _audits(n: int = 40) -> list[Audit]:
+    return sample_records(n, seed=5)[TOPIC]
+
+
+def test_a_data_file_planted_at_the_next_batchs_key_is_refused_not_signed(tmp_path: Path):
+    """An intruder with write access to the audit folder (not the key) plants a forged Parquet file at
+    the predictable key of the NEXT batch. Before: the running writer met ObjectExists, adopted the
+    forged bytes' hash into the manifest and signed it; verify (with checkpoints) said intact and
+    `audit get --public-key` served the forged answer."""
+    private, public = generate_key_pair(tmp_path / "keys")
+    store = LocalWormStore(tmp_path / "data" / "worm")
+    anchor = FolderAnchor(tmp_path / "anchor")
+    writer = AuditParquetWriter(store, checkpointer=Checkpointer(
+        CheckpointSigner(load_private_key(private), "local", "w"), [anchor]))
+    audits = [replace_model(a) for a in _audits()]
+    writer.write(TOPIC, 0, 0, 19, audits[:20])
+
+    # attacker: forge the next batch's file (same model/day folder, predictable offsets)
+    nxt = audits[20:40]
+    forged = [msgspec.structs.replace(a, response="FORGED ANSWER") for a in nxt]
+    folder = AUDIT_LAYOUT.folder(nxt[0])
+    _overwrite(store.root / f"{folder}/{batch_name(TOPIC, 0, 20, 39)}.parquet",
+               parquet_bytes(AUDIT_LAYOUT.table(forged)))
+
+    try:
+        writer.write(TOPIC, 0, 20, 39, nxt)  # the honest writer, still running, writes the real batch
+    except AuditChainError:
+        return  # fixed behaviour: the planted object is refused, nothing forged gets signed
+
+    report = verify_store(store, read_checkpoints([anchor], "local", load_public_key(public)))
+    stored = [r["response"] for r in find_records(store, "audit_id", nxt[0].audit_id)]
+    # expected: the writer refuses (or verify flags) the foreign object; actual: forged text is signed evidence
+    assert stored == [nxt[0].response] or not report.ok, (stored, report.problems)
+
+
+def replace_model(a: Audit) -> Audit:
+    return msgspec.structs.replace(a, model="m1")  # one folder, so the attacker's guess is easy
+
+
+def test_an_empty_user_id_names_nobody(tmp_path: Path):
+    """`audit get --user-id ""` is not a user id; it returns every record that has no user id
+    (all anonymous users' prompts and answers)."""
+    audits = [msgspec.structs.replace(a, user_id="" if i % 2 else f"user-{i}") for i, a in enumerate(_audits(20))]
+    AuditParquetWriter(LocalWormStore(tmp_path / "worm")).write(TOPIC, 0, 0, len(audits) - 1, audits)
+    result = CliRunner().invoke(app, ["audit", "get", "--user-id", "", "--data-dir", str(tmp_path)])
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert result.exit_code != 0 and rows == [], f"{len(rows)} records of other users returned"
+
+
+def test_a_retried_batch_whose_file_holds_the_same_records_in_other_bytes_is_chained(tmp_path: Path):
+    """The honest case behind ObjectExists: an earlier attempt of the same batch wrote its file with
+    other bytes (another Parquet writer version; here: another compression). It holds exactly the
+    batch's records, so the writer chains it and the records read back."""
+    store = LocalWormStore(tmp_path / "worm")
+    audits = [replace_model(a) for a in _audits(20)]
+    folder = AUDIT_LAYOUT.folder(audits[0])
+    other_bytes = io.BytesIO()
+    pq.write_table(AUDIT_LAYOUT.table(audits), other_bytes, compression="gzip")
+    assert other_bytes.getvalue() != parquet_bytes(AUDIT_LAYOUT.table(audits))
+    store.put_once(f"{folder}/{batch_name(TOPIC, 0, 0, 19)}.parquet", other_bytes.getvalue())
+    writer = AuditParquetWriter(store)
+    writer.write(TOPIC, 0, 0, 19, audits)
+    assert writer.files_skipped == 1
+    assert verify_store(store).ok
+    assert [r["response"] for r in find_records(store, "audit_id", audits[3].audit_id)] == [audits[3].response]
