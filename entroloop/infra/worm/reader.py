@@ -56,7 +56,7 @@ def find_records_for_keys(store: WormStore, column: str, values: Iterable[str],
     lookups = layout_for(topic).lookups
     if column not in lookups:
         raise ValueError(f"records of {topic} are read back by {' or '.join(lookups)} only")
-    wanted = sorted({str(v) for v in values})
+    wanted = sorted({str(v) for v in values if str(v)})  # "" is nobody's id (records without a user have "")
     if not wanted:
         return
     for key in manifest_files(store, topic):
