@@ -32,6 +32,7 @@ PART_LIMIT_BYTES = 768 * 1024
 # Room left in each part for msgpack's string headers and the varying size of the part numbers.
 _PART_MARGIN_BYTES = 64
 _MIN_PART_TEXT_BYTES = 1024
+MAX_PROMPT_VERSION_CHARS = 256  # a client-set header stored in every Audit record: bounded
 
 
 def _cut(data: bytes, start: int, room: int) -> int:
@@ -104,7 +105,7 @@ def build_records(
         route=route,
         tenant=exchange.tenant,
         user_id=redactor.pseudonymise_user(capture.user_of(exchange.body, exchange.headers)),
-        prompt_template_version=redactor.redact_text(exchange.headers.get("x-entroloop-prompt-version", "")[:256]),
+        prompt_template_version=redactor.redact_text(exchange.headers.get("x-entroloop-prompt-version", "")[:MAX_PROMPT_VERSION_CHARS]),
         sampling={k: redactor.redact_text(v) if isinstance(v, str) else v
                   for k, v in capture.sampling_of(exchange.body).items()},
         tokenizer_digest=tokenizer_digest,

@@ -11,16 +11,17 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
+from entroloop.collectors.gateway.feedback import MAX_ID_CHARS
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from entroloop.contract.ids import uuid7
 
 HEADER_REQUEST_ID = "x-request-id"
-# A client's id is kept only when POST /v1/feedback can cite it (feedback.MAX_ID_CHARS: at most 128
-# characters) and it is printable ASCII without spaces (it becomes a Kafka key and a log field);
-# anything else is replaced, or the answer could never get feedback.
-_CLIENT_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+# A client's id is kept only when POST /v1/feedback can cite it (at most MAX_ID_CHARS characters)
+# and it is printable ASCII without spaces (it becomes a Kafka key and a log field); anything else
+# is replaced, or the answer could never get feedback.
+_CLIENT_ID = re.compile(rf"^[\x21-\x7e]{{1,{MAX_ID_CHARS}}}$")
 
 
 class RequestIdMiddleware:
