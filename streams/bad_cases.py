@@ -10,6 +10,13 @@ correction of the same answer joins too; each feedback joins once (its event id 
 The output ``BadCase`` is derived from the feedback, so it has the same event id whichever
 arrival order produced it, and a redelivered feedback never becomes a second bad case.
 
+A correction joins only the answer of its own tenant: request ids travel in responses and logs,
+and a tenant that learns another's could otherwise post corrections that flow into that tenant's
+bad cases, regression suite and retraining data. A feedback whose ``tenant`` differs from the
+audit's becomes a ``DeadLetter`` (``error_type="tenant_mismatch"``, kept with the reason, nothing
+joined). An empty tenant on either side (feedback from a producer that predates the field, an
+answer served without API keys) names no owner, and joins as before.
+
 Expiry runs on every watermark (every 0.25 s under the worker), so it must not scan the state: the
 joiner keeps an index of entries by ``last_seen`` (``ExpiryIndex``, a heap) and pops only the expired.
 Entries that reach ``state`` without passing through ``process`` (recovered from the changelog
@@ -20,6 +27,7 @@ the index, and at least once per ``ttl_s`` of event time whatever the size says.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import heapq
 import re
 from collections.abc import Iterable, MutableMapping, Sequence
@@ -39,8 +47,10 @@ from entroloop.streams.rules import (
 )
 from entroloop.streams.table_state import TableStateSpec
 
-from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, Event, Feedback
+from entroloop.contract.codec import encode
+from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, DeadLetter, Event, Feedback
 from entroloop.contract.settings import Settings
+from entroloop.contract.topics import partition_for
 from entroloop.infra.pii import PiiRedactor, redactor_for_service
 
 _CJK_CHAR = re.compile(f"[{_CJK}]")
@@ -282,6 +292,7 @@ class BadCaseJoiner(Processor):
         # change is written back with ``state[key] = entry`` so the table sees it.
         self.state: MutableMapping[str, JoinEntry] = state if state is not None else {}
         self.expired_unjoined = 0
+        self.refused_other_tenant = 0
         # request ids by last_seen, so expiry touches only what expires (see the module docstring)
         self._expiry = ExpiryIndex()
         self._full_scan_due: float | None = None  # event time of the next full scan (None: at the next watermark)
@@ -333,13 +344,36 @@ class BadCaseJoiner(Processor):
             return [case] if case is not None else []
         return []
 
-    def _join(self, entry: JoinEntry, feedback: Feedback) -> BadCase | None:
+    def _join(self, entry: JoinEntry, feedback: Feedback) -> Event | None:
+        """The bad case of ``feedback`` on the entry's audit; a dead letter if another tenant sent it."""
         if feedback.event_id in entry.joined_feedback_ids:
             return None  # redelivered feedback: already a bad case
-        entry.joined_feedback_ids.append(feedback.event_id)
         audit = entry.audit
         assert audit is not None
+        if feedback.tenant and audit.tenant and feedback.tenant != audit.tenant:
+            self.refused_other_tenant += 1
+            return self.tenant_mismatch(audit, feedback)
+        entry.joined_feedback_ids.append(feedback.event_id)
         return self.build(audit, feedback)
+
+    def tenant_mismatch(self, audit: Audit, feedback: Feedback) -> DeadLetter:
+        """The dead letter of a correction on another tenant's answer (same id on redelivery).
+
+        Not remembered in the entry: a redelivery derives the same event id, which the sinks absorb."""
+        payload = encode(feedback)  # the correction in it is already redacted (``_redacted_feedback``)
+        return derive(
+            feedback, DeadLetter, 0, f"{self.name}.tenant_mismatch",
+            source_topic=Feedback.topic,
+            source_partition=partition_for(feedback.request_id),
+            source_offset=0,
+            reason=(f"feedback {feedback.event_id} of tenant {feedback.tenant!r} on request {feedback.request_id}, "
+                    f"which was served to tenant {audit.tenant!r}: not joined (a tenant may correct only its own "
+                    f"answers; source offset unknown to the processor)"),
+            error_type="tenant_mismatch",
+            payload=payload[:4096],
+            payload_size=len(payload),
+            payload_sha256=hashlib.sha256(payload).hexdigest(),
+        )
 
     def _redacted_feedback(self, feedback: Feedback) -> Feedback:
         redact = self.redactor.redact_text

@@ -2,7 +2,9 @@
 
 The request names the answer by ``request_id`` (the ``X-Request-Id`` every completion response
 carries). ``rating`` is on the contract's one signed scale, ``RATING_MIN..RATING_MAX`` (-10..10): below
-0 is negative (``ENTROLOOP_BADCASE_NEGATIVE_RATING``, default -1, the threshold every stage reads). The API key is required (``auth.py``); its tenant goes into the event id.
+0 is negative (``ENTROLOOP_BADCASE_NEGATIVE_RATING``, default -1, the threshold every stage reads). The API key is required (``auth.py``); its tenant goes into the event id and
+the record's ``tenant``, and the bad-case join takes a correction only from the tenant the answer
+was served to (another tenant's becomes a dead letter there, not a bad case).
 
 * ``correction`` and ``comment`` are PII-redacted and ``user_id`` is pseudonymised with the
   gateway's redactor before anything is published, as on the audit path.
@@ -151,6 +153,7 @@ class FeedbackEndpoint:
             error_type=body.error_type or "",
             corrected_answer=self.redactor.redact_text(body.correction or ""),
             comment=self.redactor.redact_text(body.comment or ""),
+            tenant=tenant,
         )
         try:
             self.publish(record)

@@ -239,6 +239,11 @@ class Feedback(Event, tag="feedback"):
     verdict: below 0 negative, 0 neutral, above 0 positive (thumbs down/up as -1/+1, five stars as
     -2..+2, a 0..10 score as -5..+5). ``ENTROLOOP_BADCASE_NEGATIVE_RATING`` (default -1) is the one
     "negative" threshold every stage reads. A rating outside the scale is rejected at decode (a dead letter).
+
+    ``tenant`` is the tenant of the API key that posted the verdict (the gateway sets it; empty
+    from producers that predate it). The bad-case join takes a correction only from the tenant
+    the answer was served to (``Audit.tenant``), so one tenant cannot feed another's bad cases
+    and retraining data.
     """
 
     rating: Rating
@@ -246,6 +251,7 @@ class Feedback(Event, tag="feedback"):
     error_type: str = ""
     corrected_answer: str = ""
     comment: str = ""
+    tenant: str = ""
 
     topic: ClassVar[str] = "entroloop.feedback.v1"
 

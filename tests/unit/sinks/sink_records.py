@@ -76,7 +76,8 @@ def sample_records(requests: int, seed: int = 1, start: float | None = None, spa
                       model=model, route=route, subject_node=node, value=rng.uniform(0, 2), threshold=1.5))
         if rng.random() < 0.15:
             add(Feedback(**common("feedback", 7), rating=rng.choice((-1, 1)), user_id=f"user-{i % 17}",
-                         error_type=rng.choice(("", "wrong_fact")), corrected_answer=rng.choice(("", "fixed"))))
+                         error_type=rng.choice(("", "wrong_fact")),
+                         corrected_answer=rng.choice(("", "fixed")), tenant=("acme", "globex", "")[i % 3]))
         if rng.random() < 0.1:
             add(BadCase(**common("badcase", 8), model=model, route=route, prompt="p", response="r",
                         correction="c", labels=["wrong_fact"], confidence=rng.uniform(0.5, 1.0)))

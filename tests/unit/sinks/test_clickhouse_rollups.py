@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections import Counter
 
 import pytest
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
@@ -157,6 +158,16 @@ def test_rollups_equal_raw_queries(client, database):
     sink = ClickHouseSink(client, database)
     _write_all(sink, sample_records(600, seed=3))
     _assert_rollups_match_raw(client, database)
+
+
+def test_feedback_rows_keep_the_tenant_that_posted_them(client, database):
+    """Migration 0009: the sink stores ``Feedback.tenant`` (the key's tenant), '' where none was set."""
+    records = sample_records(120, seed=9)
+    ClickHouseSink(client, database).write("entroloop.feedback.v1", 0, 0, len(records["entroloop.feedback.v1"]) - 1,
+                                           records["entroloop.feedback.v1"])
+    expected = sorted(Counter(r.tenant for r in records["entroloop.feedback.v1"]).items())
+    assert {t for t, _ in expected} == {"acme", "globex", ""}
+    assert _rows(client, f"SELECT tenant, count() FROM {database}.feedback FINAL GROUP BY tenant ORDER BY tenant") == expected
 
 
 def test_upgrade_from_0001_backfills_rollups(client, database, monkeypatch):
