@@ -67,13 +67,24 @@ def prompt_of(path: str, body: Mapping[str, Any]) -> Any:
     return body.get("messages", []) if path.endswith("chat/completions") else body.get("prompt", "")
 
 
+def message_text(message: Mapping[str, Any]) -> str:
+    """What an assistant message said, as the audit keeps it: its content, then its tool calls as
+    compact JSON when it made any (a tool call is what the model did; an audit without it would
+    not say which function it called with which arguments)."""
+    content = message.get("content") or ""
+    content = content if isinstance(content, str) else _as_text(content)
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return content
+    return f"{content}\n{_as_text(calls)}" if content else _as_text(calls)
+
+
 def response_texts(path: str, response: Mapping[str, Any]) -> list[str]:
     """The generated text of every choice."""
     texts = []
     for choice in response.get("choices") or []:
         if path.endswith("chat/completions"):
-            message = choice.get("message") or {}
-            texts.append(message.get("content") or _as_text(message.get("tool_calls") or ""))
+            texts.append(message_text(choice.get("message") or {}))
         else:
             texts.append(choice.get("text") or "")
     return texts
@@ -103,4 +114,7 @@ def user_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str:
     return str(body.get("user") or headers.get("x-user-id") or "")
 
 
-__all__ = ["SAMPLING_KEYS", "RedactedExchange", "prompt_of", "redact_exchange", "response_texts", "sampling_of", "user_of"]
+__all__ = [
+    "SAMPLING_KEYS", "RedactedExchange", "message_text", "prompt_of", "redact_exchange", "response_texts", "sampling_of",
+    "user_of",
+]

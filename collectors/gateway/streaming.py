@@ -15,7 +15,8 @@ from entroloop.collectors.gateway.logprobs import (
 
 
 class StreamCollector:
-    """Collects an SSE completion stream's text deltas and usage into a non-streaming-shaped answer."""
+    """Collects an SSE completion stream's text deltas, tool-call deltas and usage into a
+    non-streaming-shaped answer (what the audit reads, the same as for an unstreamed answer)."""
 
     def __init__(self, exchange: Exchange, rewrite: bool = False, asked: int | None = None) -> None:
         self.exchange = exchange
@@ -27,6 +28,7 @@ class StreamCollector:
         self.surprisals: list[float] | None = []
         self._buffer = b""
         self._texts: dict[int, list[str]] = {}
+        self._calls: dict[int, dict[int, ToolCall]] = {}  # choice index -> tool-call index -> call
         self._usage: dict[str, Any] = {}
         self._chat = exchange.path.endswith("chat/completions")
 
@@ -61,11 +63,16 @@ class StreamCollector:
         for choice in event.get("choices") or []:
             if not isinstance(choice, dict):
                 continue
-            text = (choice.get("delta") or {}).get("content") if self._chat else choice.get("text")
-            if isinstance(text, str) and text:
+            delta = (choice.get("delta") or {}) if self._chat else {}
+            text = delta.get("content") if self._chat else choice.get("text")
+            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+            if (isinstance(text, str) and text) or calls:
                 if self.exchange.ttft_s is None:
                     self.exchange.ttft_s = time.time() - self.exchange.start
+            if isinstance(text, str) and text:
                 self._texts.setdefault(_index(choice), []).append(text)
+            if isinstance(calls, list):
+                self._add_tool_calls(_index(choice), calls)
         if not self.rewrite:
             return line
         first = [c for c in event.get("choices") or [] if isinstance(c, dict) and _index(c) == 0]
@@ -84,12 +91,55 @@ class StreamCollector:
         restore_client_logprobs(self.exchange.path, event, self.asked)
         return b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
 
+    def _add_tool_calls(self, choice: int, deltas: list[Any]) -> None:
+        """Tool calls arrive in pieces: the first delta of a call has its id, type and name, the
+        following ones slices of its ``arguments`` JSON, each naming the call by ``index``."""
+        calls = self._calls.setdefault(choice, {})
+        for position, delta in enumerate(deltas):
+            if not isinstance(delta, dict):
+                continue
+            index = delta.get("index", position)
+            call = calls.setdefault(index if isinstance(index, int) else position, ToolCall())
+            call.add(delta)
+
     def as_response(self) -> dict[str, Any]:
         choices = []
-        for index in sorted(self._texts):
-            text = "".join(self._texts[index])
-            choices.append({"index": index, "message": {"content": text}} if self._chat else {"index": index, "text": text})
+        for index in sorted(self._texts.keys() | self._calls.keys()):
+            text = "".join(self._texts.get(index, []))
+            if not self._chat:
+                choices.append({"index": index, "text": text})
+                continue
+            message: dict[str, Any] = {"content": text}
+            if calls := self._calls.get(index):
+                message["tool_calls"] = [calls[i].as_dict() for i in sorted(calls)]
+            choices.append({"index": index, "message": message})
         return {"choices": choices, "usage": self._usage}
+
+
+class ToolCall:
+    """One streamed tool call, put together from its deltas in the shape of an unstreamed answer's."""
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.type = "function"
+        self.name: list[str] = []
+        self.arguments: list[str] = []
+
+    def add(self, delta: dict[str, Any]) -> None:
+        if isinstance(delta.get("id"), str) and delta["id"]:
+            self.id = delta["id"]
+        if isinstance(delta.get("type"), str) and delta["type"]:
+            self.type = delta["type"]
+        function = delta.get("function")
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str):
+                self.name.append(function["name"])
+            if isinstance(function.get("arguments"), str):
+                self.arguments.append(function["arguments"])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": self.type,
+                "function": {"name": "".join(self.name), "arguments": "".join(self.arguments)}}
 
 
 def _index(choice: dict[str, Any]) -> int:
@@ -103,4 +153,4 @@ def error_event(message: str) -> bytes:
     return b"data: " + json.dumps(error).encode() + b"\n\n"
 
 
-__all__ = ["StreamCollector", "error_event"]
+__all__ = ["StreamCollector", "ToolCall", "error_event"]
