@@ -21,7 +21,7 @@ every field optional unless said):
 A hold with ``duration_s`` ends on its own (checked on every request; no timer to lose); without
 one it lasts until resumed. Holds live in this process: a restarted gateway starts with none, which
 is why runbooks give pauses a duration rather than rely on an operator's resume. A repeated
-``Idempotency-Key`` (the action runner's retries) gets the first answer again without acting twice.
+``Idempotency-Key`` on the same path (the action runner's retries) gets the first answer again without acting twice.
 """
 
 from __future__ import annotations
@@ -229,7 +229,10 @@ class AdminApi:
 
     def _handler(self, action: Callable[..., Any], kind: str) -> Callable[[Request], Any]:
         async def handle(request: Request) -> JSONResponse:
-            key = request.headers.get("idempotency-key", "")
+            # An idempotency key names one call of one endpoint: the same key on another path is
+            # another call (a resume must not get the answer of the pause that used the key first).
+            given = request.headers.get("idempotency-key", "")
+            key = f"{request.url.path}\x1f{given}" if given else ""
             with self._answers_lock:
                 earlier = self._answers.get(key) if key else None
             if earlier is not None:
@@ -242,6 +245,8 @@ class AdminApi:
                 status, answer = await action(kind, request.path_params["name"], body, request)
             except ValueError as exc:  # bad JSON or field (JSONDecodeError is a ValueError)
                 return openai_error(400, str(exc), "invalid_admin_request")
+            except RecursionError:  # json.loads on a body nested thousands of levels deep
+                return openai_error(400, "the body is nested too deeply to be an admin request", "invalid_admin_request")
             if key and status < 500:  # a 5xx may be retried and succeed
                 with self._answers_lock:
                     self._answers[key] = (status, answer)

@@ -208,6 +208,23 @@ def test_a_repeated_idempotency_key_gets_the_first_answer_without_acting_again(g
     assert _served_by(_chat(url)) == ("primary", BASE)  # the repeat did not pause again
 
 
+def test_an_idempotency_key_names_one_call_of_one_endpoint(gateway):
+    url, _ = gateway
+    paused = _admin(url, f"/admin/routes/{ROUTE}/pause", {"duration_s": 60}, **{"Idempotency-Key": "same-key"})
+    resumed = _admin(url, f"/admin/routes/{ROUTE}/resume", {}, **{"Idempotency-Key": "same-key"})
+    assert paused.json()["paused"] is True
+    assert "repeated" not in resumed.json() and resumed.json()["resumed"] is True  # not the pause's answer
+    assert _served_by(_chat(url)) == ("primary", BASE)  # the route really serves again
+
+
+def test_a_body_nested_too_deep_is_a_400_not_a_500(gateway):
+    url, _ = gateway
+    answer = httpx.post(f"{url}/admin/nodes/{NODE}/pause", content=b"[" * 100_000 + b"]" * 100_000,
+                        headers={"Authorization": f"Bearer {OPS_KEY}"}, timeout=10)
+    assert answer.status_code == 400 and "nested" in answer.json()["error"]["message"]
+    assert _served_by(_chat(url)) == ("primary", BASE)  # nothing paused
+
+
 RUNBOOK_KINDS = """
 name: every-gateway-step
 version: 1
