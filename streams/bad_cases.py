@@ -48,7 +48,14 @@ from entroloop.streams.rules import (
 from entroloop.streams.table_state import TableStateSpec
 
 from entroloop.contract.codec import encode
-from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, DeadLetter, Event, Feedback
+from entroloop.contract.records import (
+    NEGATIVE_RATING,
+    Audit,
+    BadCase,
+    DeadLetter,
+    Event,
+    Feedback,
+)
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import partition_for
 from entroloop.infra.pii import PiiRedactor, redactor_for_service

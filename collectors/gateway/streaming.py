@@ -66,9 +66,8 @@ class StreamCollector:
             delta = (choice.get("delta") or {}) if self._chat else {}
             text = delta.get("content") if self._chat else choice.get("text")
             calls = delta.get("tool_calls") if isinstance(delta, dict) else None
-            if (isinstance(text, str) and text) or calls:
-                if self.exchange.ttft_s is None:
-                    self.exchange.ttft_s = time.time() - self.exchange.start
+            if ((isinstance(text, str) and text) or calls) and self.exchange.ttft_s is None:
+                self.exchange.ttft_s = time.time() - self.exchange.start
             if isinstance(text, str) and text:
                 self._texts.setdefault(_index(choice), []).append(text)
             if isinstance(calls, list):
