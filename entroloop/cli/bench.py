@@ -26,14 +26,16 @@ def detectors(
     requests: Annotated[int, typer.Option(help="Synthetic requests to run through every processor.")] = 3000,
     out: Out = Path("BENCHMARKS.md"),
     as_json: AsJson = False,
-    runs: Annotated[int, typer.Option(min=1, help="Runs of the intent scorers' timing; figures are their median.")] = 3,
+    runs: Annotated[int, typer.Option(min=1, help="Timing runs of every processor (a fresh one each) and of the intent "
+                                                  "scorers; speeds are their median, with the spread.")] = 3,
 ) -> None:
     """Precision/recall of every detector against the fleet's labels, and events/s per processor; intent: the model
     alone and the two-stage cascade, pairs/s per stage, the share each decided, AUROC on the hand-written set."""
     from entroloop.benchmarks import detectors as bench
 
     with console.status("benchmarking detectors") as status:
-        results = bench.run(requests, intent_runs=runs, progress=lambda name: status.update(f"benchmarking {name}"))
+        results = bench.run(requests, intent_runs=runs, runs=runs,
+                            progress=lambda name: status.update(f"benchmarking {name}"))
     table = Table("detector", "precision", "recall", "events/s")
     for name, r in results.items():
         table.add_row(name, str(r["precision"]), str(r["recall"]), f"{r['events_per_s']:,}")
