@@ -2,10 +2,12 @@
 
 One agent per input topic. Each agent reads raw bytes (``value_serializer="raw"``), decodes them
 with ``entroloop.contract.codec`` (a poison record becomes a ``DeadLetter`` with the reason, never an
-exception in the loop), hands the records to every processor subscribed to their type (in a
-one-thread executor, so a slow processor does not stall the event loop and the processor's state
-is only ever touched by one thread) and sends what they return to the records' topics, keyed by
-``request_id``.
+exception in the loop), hands the records to every processor subscribed to their type and sends
+what they return to the records' topics, keyed by ``request_id``. Processors run on the event loop
+itself, a batch at a time (tens of milliseconds); one that declares ``blocking`` (the intent
+scorer's embedding model) runs in the agent's one-thread executor, so it does not stall the loop
+and its state is only ever touched by that thread. Running the fast ones on a thread too cost
+more than they do: a hand-off per batch and the GIL passed back and forth with the loop.
 
 Delivery is at-least-once (``processing_guarantee="at_least_once"``; Faust's exactly-once mode has
 open loss and duplication bugs, see DESIGN.md). An input offset is acknowledged only after the
@@ -30,8 +32,8 @@ records no processor saw; guarded, a record may be processed twice but is never 
 Durable state: a processor that declares ``table_state`` (``entroloop.streams.table_state.TableStateSpec``;
 the bad-case join does) gets a Faust table with a compacted changelog as its ``state``, co-
 partitioned with its input topics (all keyed by ``request_id``, same partition count), so a
-restarted worker recovers the state from the broker. Its writes are buffered on the executor
-thread, encoded once per key at the end of the batch, and applied to the table on the event loop,
+restarted worker recovers the state from the broker. Its writes are buffered while the batch runs,
+encoded once per key at the end of the batch, and applied to the table on the event loop,
 their changelog records (one per key per batch) handed to the producer before the batch is
 acknowledged.
 
@@ -101,9 +103,12 @@ class StreamsConfig:
     topic_prefix: str = ""
     app_id: str = "entroloop-streams"
     partitions: int = 6
-    batch_size: int = 500
+    batch_size: int = 2000
     """Most records handed to a processor at once (``stream.take_events``)."""
     batch_within_s: float = 0.2
+    buffer_records: int = 32_768
+    """Records fetched ahead per input topic (Faust's ``stream_buffer_maxsize``, default 4,096:
+    with it the worker spent a fifth of its time waiting on fetches in ``entroloop bench workers``)."""
     watermark_interval_s: float = 0.25
     """Most often a processor's ``on_watermark`` runs (``WatermarkCadence``)."""
     producer_linger_s: float = 0.02
@@ -128,6 +133,7 @@ class StreamsConfig:
             "partitions": settings.partitions,
             "max_record_bytes": settings.max_record_bytes,
             "batch_size": settings.streams_batch_size,
+            "buffer_records": settings.streams_buffer_records,
             "commit_interval_s": settings.streams_commit_interval_s,
             "health_interval_s": settings.streams_health_interval_s,
             "datadir": str(settings.data_dir / "faust"),
@@ -256,6 +262,7 @@ class StreamsApp:
             # ms of latency for a fraction of the per-record requests (the worker's main cost).
             producer_linger=config.producer_linger_s,
             producer_max_batch_size=1 << 20,
+            stream_buffer_maxsize=config.buffer_records,
             # Faust keeps little here (in-memory tables), but it must not litter the working folder.
             datadir=datadir,
             **config.faust_options,
@@ -315,7 +322,10 @@ class StreamsApp:
         source = self._topic(topic_name)
         record_type = TOPIC_BY_NAME[topic_name].record_type
         processors = self._routes[record_type]
-        # One thread per agent: processor state is touched by one thread only, the loop stays free.
+        inline = [p for p in processors if not p.blocking]
+        threaded = [p for p in processors if p.blocking]
+        # One thread per agent for the blocking processors: their state is touched by that thread
+        # only, and the loop stays free while they work.
         executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.config.concurrency, thread_name_prefix=f"proc-{topic_name}"
         )
@@ -326,7 +336,9 @@ class StreamsApp:
             async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
                 records, dead = self._decode_batch(topic_name, record_type, events)
                 EVENTS_IN.labels("worker", topic_name).inc(len(events))  # per batch: never per record
-                outputs = await loop.run_in_executor(executor, self._run_processors, topic_name, processors, records)
+                outputs = self._run_processors(topic_name, inline, records)
+                if threaded:
+                    outputs += await loop.run_in_executor(executor, self._run_processors, topic_name, threaded, records)
                 for processor in processors:  # on the loop: only here may a Faust table change
                     if (state := self.table_states.get(id(processor))) is not None:
                         await self._send_changelog(state)
@@ -363,7 +375,7 @@ class StreamsApp:
     def _run_processors(
         self, topic: str, processors: Sequence[Processor], batch: list[tuple[Event, Any]]
     ) -> list[Event]:
-        """Runs on the agent's executor thread.
+        """Runs on the event loop (the fast processors) or the agent's executor thread (blocking ones).
 
         Faust acknowledges a batch even when the agent raises (``take_events`` acks in a
         ``finally``), so raising would lose the batch. Processors are pure, so an exception is a

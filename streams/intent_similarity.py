@@ -319,6 +319,7 @@ class IntentSimilarityScorer(Processor):
 
     name = "intent_similarity"
     inputs = (Audit,)
+    blocking = True  # an embedding model: ~20 pairs/s per core, seconds per batch
 
     def __init__(
         self,

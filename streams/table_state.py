@@ -4,9 +4,10 @@ A processor that declares ``table_state = TableStateSpec(name, encode, decode)``
 Faust adapter (``entroloop.streams.app``), a ``TableState`` as its ``state`` instead of a plain dict. The
 table has a compacted changelog topic, so a restarted worker recovers the state from the broker.
 
-Why the writes are buffered: processors run on an executor thread, but a Faust table can only be
-changed on the event loop (``send_changelog`` uses the producer's buffer, and the changelog
-partition comes from ``current_event()``, a context variable the thread does not see). So reads
+Why the writes are buffered: a processor may run on an executor thread (one that declares
+``blocking``), but a Faust table can only be changed on the event loop (``send_changelog`` uses the
+producer's buffer, and the changelog partition comes from ``current_event()``, a context variable
+the thread does not see); and a key written many times in a batch is logged once. So reads
 and writes from the processor go to ``pending`` (key -> new value, or a delete) layered over the
 table; ``seal()``, called on the processor's thread at the end of a batch, encodes each written key
 once (however often the batch wrote it); and ``flush()``, called on the event loop after the batch, applies them to

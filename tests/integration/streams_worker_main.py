@@ -22,6 +22,7 @@ class SeenRecorder(Processor):
 
     name = "seen_recorder"
     inputs = (Feedback,)
+    blocking = True  # it sleeps on the slow request: on a thread, so the other actor and the commits go on
 
     def __init__(self, slow_request_id: str, slow_seconds: float) -> None:
         self.slow_request_id = slow_request_id

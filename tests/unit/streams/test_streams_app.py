@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -11,6 +13,7 @@ from entroloop.streams.base import Processor, derive
 from entroloop.contract import codec
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import Alert, DeadLetter, Event, Feedback, Span
+from entroloop.contract.settings import Settings
 
 
 class Echo(Processor):
@@ -83,3 +86,56 @@ def test_a_failing_processor_dead_letters_only_the_failing_record() -> None:
     assert [a.alert_key for a in alerts] == [ok.event_id]
     assert len(letters) == 1 and letters[0].error_type == "processor_error" and "bug" in letters[0].reason
     assert codec.decode(letters[0].payload).event_id == boom.event_id
+
+
+class WhereItRan(Processor):
+    """Records which thread ran it; ``blocking`` as the constructor says."""
+
+    inputs = (Feedback,)
+
+    def __init__(self, name: str, blocking: bool) -> None:
+        self.name, self.blocking = name, blocking  # type: ignore[misc]
+        self.threads: set[str] = set()
+
+    def process(self, record: Event) -> list[Event]:
+        self.threads.add(threading.current_thread().name)
+        return [derive(record, Alert, 0, self.name, alert_key=record.event_id, rule=self.name)]
+
+
+def test_fast_processors_run_on_the_event_loop_and_a_blocking_one_on_the_agents_thread() -> None:
+    """Through Faust's own agent test context: the batch reaches both processors, the fast one on
+    the loop's thread (no hand-off per batch), the blocking one (an embedding model, say) on the
+    agent's executor thread, and both outputs are sent."""
+    fast, slow = WhereItRan("fast", False), WhereItRan("slow", True)
+    streams = StreamsApp(StreamsConfig(bootstrap="127.0.0.1:1", topic_prefix="p.", batch_within_s=0.01), [fast, slow])
+    [agent] = streams.app.agents.values()
+    sent: list[Event] = []
+
+    async def send(records: list[Event]) -> None:
+        sent.extend(records)
+
+    streams._send_all = send  # type: ignore[method-assign]
+
+    async def drive() -> str:
+        async with agent.test_context() as running:
+            record = Feedback(**NodeStamper("n").stamp(), request_id="r1", rating=1)
+            await running.put(codec.encode(record), key=b"r1")
+            for _ in range(200):
+                if len(sent) == 2:
+                    break
+                await asyncio.sleep(0.02)
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(drive())
+    assert sorted(a.rule for a in sent if isinstance(a, Alert)) == ["fast", "slow"]
+    assert fast.threads == {loop_thread}
+    assert len(slow.threads) == 1 and slow.threads != {loop_thread} and next(iter(slow.threads)).startswith("proc-")
+
+
+def test_batches_and_read_ahead_come_from_the_settings() -> None:
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", streams_batch_size=123, streams_buffer_records=777)
+    config = StreamsConfig.from_settings(settings)
+    assert (config.batch_size, config.buffer_records) == (123, 777)
+    streams = StreamsApp(config, [Echo()])
+    assert streams.app.conf.stream_buffer_maxsize == 777
+    assert (Settings().streams_batch_size, Settings().streams_buffer_records) == (2000, 32_768)
