@@ -12,11 +12,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from entroloop.benchmarks.repeats import Repeated, repeat_many
 from entroloop.contract.codec import decode_many, encode
 from entroloop.contract.ids import uuid7
 from entroloop.contract.records import Audit, Event, Span, TokenEntropy, pack_entropies
@@ -94,14 +96,8 @@ def clickhouse_rows_per_s(rows: int = 200_000, batch_rows: int = 50_000, client:
     Without ``client`` it runs in a chDB folder of its own (chDB opens one folder per process).
     """
     if client is None:
-        from entroloop.infra.clickhouse.client import connect
-
-        with tempfile.TemporaryDirectory(prefix="bench-chdb-") as folder:
-            own = connect(f"chdb://{folder}")
-            try:
-                return clickhouse_rows_per_s(rows, batch_rows, own, database)
-            finally:
-                own.close()
+        with own_chdb() as own:
+            return clickhouse_rows_per_s(rows, batch_rows, own, database)
     from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
     sink = ClickHouseSink(client, database)
@@ -127,6 +123,62 @@ def clickhouse_rows_per_s(rows: int = 200_000, batch_rows: int = 50_000, client:
         figures[name] = {"end_to_end": rows / total_seconds, "end_to_end_per_cpu_s": rows / cpu_seconds,
                          **{stage: rows / seconds[stage] for stage in CLICKHOUSE_STAGES}}
     return figures
+
+
+@contextmanager
+def own_chdb() -> Iterator[Any]:
+    """A chDB client on a scratch folder, removed afterwards."""
+    from entroloop.infra.clickhouse.client import connect
+
+    with tempfile.TemporaryDirectory(prefix="bench-chdb-") as folder:
+        client = connect(f"chdb://{folder}")
+        try:
+            yield client
+        finally:
+            client.close()
+
+
+def clickhouse_repeated(rows: int, batch_rows: int, runs: int, progress: Callable[[str], None] = lambda text: None,
+                        client: Any = None) -> dict[str, dict[str, Repeated]]:
+    """:func:`clickhouse_rows_per_s` ``runs`` times: per table and stage, the runs' values and load.
+
+    All runs share one chDB folder (``client``'s, or a scratch one: chDB opens one folder per
+    process, so a fresh folder per run would need a process per run), each in a database of its own
+    that is dropped after it: no run inserts next to, or waits on merges of, an earlier run's parts.
+    """
+    if client is None:
+        with own_chdb() as own:
+            return clickhouse_repeated(rows, batch_rows, runs, progress, own)
+    numbers = iter(range(1, runs + 1))
+
+    def once() -> dict[str, float]:
+        n = next(numbers)
+        progress(f"chDB inserts (decode + Arrow + insert), run {n}/{runs}")
+        database = f"bench_run_{n}"
+        try:
+            by_table = clickhouse_rows_per_s(rows, batch_rows, client, database)
+        finally:
+            client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+        return {f"{name}/{stage}": value for name, by_stage in by_table.items() for stage, value in by_stage.items()}
+
+    flat = repeat_many(once, runs)
+    out: dict[str, dict[str, Repeated]] = {}
+    for key, measured in flat.items():
+        name, stage = key.split("/")
+        out.setdefault(name, {})[stage] = measured
+    return out
+
+
+def audit_repeated(events: int, runs: int, progress: Callable[[str], None] = lambda text: None) -> dict[str, Repeated]:
+    """:func:`audit_write_and_verify` ``runs`` times, each into a fresh store."""
+    numbers = iter(range(1, runs + 1))
+
+    def once() -> dict[str, float]:
+        n = next(numbers)
+        return audit_write_and_verify(
+            events, progress=lambda done: progress(f"audit run {n}/{runs}: records written {done:,}/{events:,}"))
+
+    return repeat_many(once, runs)
 
 
 def audit_write_and_verify(events: int = 1_000_000, batch: int = 2_000, partitions: int = 6,

@@ -8,13 +8,14 @@ otherwise as a top-level ``bench-sinks`` command.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from entroloop.benchmarks.repeats import DEFAULT_RUNS, Repeated
 
 console = Console(stderr=True)
 
@@ -35,48 +36,61 @@ def sinks(
     rows: Annotated[int, typer.Option(help="Rows per table inserted into chDB.")] = 300_000,
     batch_rows: Annotated[int, typer.Option(help="Rows per insert (the sink batch bound).")] = 50_000,
     audit_events: Annotated[int, typer.Option(help="Audit records written and then verified.")] = 1_000_000,
+    runs: Annotated[int, typer.Option(min=1, help="Times each figure is measured; the report gives the median, "
+                                                  "the spread and the load average.")] = DEFAULT_RUNS,
     baseline: Annotated[Path | None, typer.Option(
         help="JSON of an earlier run (--json) of another build, e.g. the previous commit measured just before "
              "on the same machine: the report gives each chDB figure as a ratio to it.")] = None,
     out: Annotated[Path, typer.Option("--out", help="BENCHMARKS.md to update (when the bench report module exists).")] = Path("BENCHMARKS.md"),
-    as_json: Annotated[bool, typer.Option("--json", help="End with the figures as one JSON line.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="End with the figures (medians, and each run's values) as one JSON line.")] = False,
 ) -> None:
-    """Measure the sinks: chDB rows/s (end to end and per stage), Parquet MB/s, verify events/s."""
+    """Measure the sinks: chDB rows/s (end to end and per stage), Parquet MB/s, verify events/s.
+
+    Each figure is measured --runs times; the table, BENCHMARKS.md and --json give the median.
+    """
     from entroloop.sinks import bench
 
-    load_before = os.getloadavg()[0]
-    with console.status("chDB inserts (decode + Arrow + insert)"):
-        stages = bench.clickhouse_rows_per_s(rows, batch_rows)
-    load = max(load_before, os.getloadavg()[0])  # other work on the machine slows every figure
+    previous = _baseline_rows_per_s(baseline) if baseline else {}  # a bad file fails before minutes of work
+    with console.status("chDB inserts") as status:
+        stages = bench.clickhouse_repeated(rows, batch_rows, runs, progress=status.update)
     with console.status(f"writing {audit_events:,} audit records, then verifying") as status:
-        audit = bench.audit_write_and_verify(
-            audit_events, progress=lambda n: status.update(f"audit records written: {n:,}/{audit_events:,}")
-        )
-    previous = _baseline_rows_per_s(baseline) if baseline else {}
-    table = Table("figure", "value", "target", "vs baseline")
+        audit = bench.audit_repeated(audit_events, runs, progress=status.update)
+    load = max(m.load_average for by_stage in stages.values() for m in by_stage.values())
+    table = Table("figure", "median", "runs (spread)", "target", "vs baseline")
     for name, by_stage in stages.items():
-        for stage, value in by_stage.items():
-            ratio = f"{value / previous[name][stage]:.2f}×" if stage in previous.get(name, {}) else ""
+        for stage, measured in by_stage.items():
+            ratio = f"{measured.median / previous[name][stage]:.2f}×" if stage in previous.get(name, {}) else ""
             target = f"≥ {CLICKHOUSE_TARGET_ROWS_S:,}" if stage == "end_to_end" else ""
-            table.add_row(f"chDB rows, {name} ({STAGE_LABELS[stage]})", f"{value:,.0f}", target, ratio)
-    table.add_row("load average (1 min) while inserting", f"{load:.2f}", "", "")
-    table.add_row("audit Parquet written, MB/s", f"{audit['parquet_mb_per_s']:.1f}", "", "")
-    table.add_row("audit records written/s", f"{audit['audit_records_per_s']:,.0f}", "", "")
-    table.add_row(f"verify {audit_events:,} audited events, s", f"{audit['verify_seconds']:.2f}",
-                  f"≤ {audit_events / VERIFY_TARGET_EVENTS_S:.0f}", "")
-    table.add_row("verify, events/s", f"{audit['verify_events_per_s']:,.0f}", f"≥ {VERIFY_TARGET_EVENTS_S:,}", "")
+            table.add_row(f"chDB rows, {name} ({STAGE_LABELS[stage]})", f"{measured.median:,.0f}",
+                          _runs(measured), target, ratio)
+    table.add_row("load average (1 min) while inserting, highest", f"{load:.2f}", "", "", "")
+    table.add_row("audit Parquet written, MB/s", f"{audit['parquet_mb_per_s'].median:.1f}", _runs(audit["parquet_mb_per_s"]), "", "")
+    table.add_row("audit records written/s", f"{audit['audit_records_per_s'].median:,.0f}",
+                  _runs(audit["audit_records_per_s"]), "", "")
+    table.add_row(f"verify {audit_events:,} audited events, s", f"{audit['verify_seconds'].median:.2f}",
+                  _runs(audit["verify_seconds"]), f"≤ {audit_events / VERIFY_TARGET_EVENTS_S:.0f}", "")
+    table.add_row("verify, events/s", f"{audit['verify_events_per_s'].median:,.0f}", _runs(audit["verify_events_per_s"]),
+                  f"≥ {VERIFY_TARGET_EVENTS_S:,}", "")
     Console().print(table)
-    figures = {
-        "clickhouse_rows_per_s": {name: by_stage["end_to_end"] for name, by_stage in stages.items()},
-        "clickhouse_rows_per_cpu_s": {name: by_stage["end_to_end_per_cpu_s"] for name, by_stage in stages.items()},
-        "clickhouse_stage_rows_per_s": stages,
-        "clickhouse_baseline_rows_per_s": previous,
-        "load_average": load,
-        "audit": audit,
-    }
-    _write_report(figures, out)
+    _write_report(stages, audit, previous, out)
     if as_json:
-        print(json.dumps(figures))
+        print(json.dumps({
+            "runs": runs,
+            "clickhouse_rows_per_s": {name: by_stage["end_to_end"].median for name, by_stage in stages.items()},
+            "clickhouse_rows_per_cpu_s": {name: by_stage["end_to_end_per_cpu_s"].median for name, by_stage in stages.items()},
+            "clickhouse_stage_rows_per_s": {name: {stage: m.median for stage, m in by_stage.items()}
+                                            for name, by_stage in stages.items()},
+            "clickhouse_stage_rows_per_s_runs": {name: {stage: list(m.values) for stage, m in by_stage.items()}
+                                                 for name, by_stage in stages.items()},
+            "clickhouse_baseline_rows_per_s": previous,
+            "load_average": load,
+            "audit": {key: m.median for key, m in audit.items()},
+            "audit_runs": {key: list(m.values) for key, m in audit.items()},
+        }))
+
+
+def _runs(measured: Repeated) -> str:
+    return f"{measured.runs} ({measured.spread()})" if measured.runs > 1 else "1"
 
 
 def _baseline_rows_per_s(path: Path) -> dict[str, dict[str, float]]:
@@ -100,35 +114,34 @@ def _versus(value: float, previous: dict[str, float], stage: str, unit: str) -> 
     return f"{value / previous[stage]:.2f}× the baseline build ({previous[stage]:,.0f} {unit}, same machine, measured just before)"
 
 
-def _write_report(figures: dict, out: Path) -> None:
-    """Merge the figures into BENCHMARKS.md through the bench report module, when it exists."""
+def _write_report(stages: dict[str, dict[str, Repeated]], audit: dict[str, Repeated],
+                  previous: dict[str, dict[str, float]], out: Path) -> None:
+    """Merge the figures (medians of the runs) into BENCHMARKS.md through the bench report module, when it exists."""
     try:
         from entroloop.benchmarks.report import Figure, write_benchmarks
     except ImportError:
         return
     section = "Sinks"
-    load = f"load average {figures['load_average']:.1f} on the machine while measuring"
-    previous = figures["clickhouse_baseline_rows_per_s"]
     rows = []
-    for name, by_stage in figures["clickhouse_stage_rows_per_s"].items():
+    for name, by_stage in stages.items():
         value, before = by_stage["end_to_end"], previous.get(name, {})
-        rows.append(Figure(section, f"chDB rows/s per sink process, {name} (decode + Arrow + insert)", value, "rows/s",
-                           target=f">= {CLICKHOUSE_TARGET_ROWS_S:,}", met=value >= CLICKHOUSE_TARGET_ROWS_S,
-                           baseline=_versus(value, before, "end_to_end", "rows/s"), note=load,
-                           load_average=round(figures["load_average"], 2)))
+        rows.append(Figure.repeated(section, f"chDB rows/s per sink process, {name} (decode + Arrow + insert)", value,
+                                    "rows/s", target=f">= {CLICKHOUSE_TARGET_ROWS_S:,}",
+                                    met=value.median >= CLICKHOUSE_TARGET_ROWS_S,
+                                    baseline=_versus(value.median, before, "end_to_end", "rows/s")))
         per_cpu = by_stage["end_to_end_per_cpu_s"]
-        rows.append(Figure(section, f"chDB rows per CPU-second, {name} (decode + Arrow + insert)", per_cpu, "rows/CPU-s",
-                           baseline=_versus(per_cpu, before, "end_to_end_per_cpu_s", "rows/CPU-s"),
-                           note="CPU time of every thread of the sink process: the figure others' load changes least"))
-        rows += [Figure(section, f"chDB rows, {name}: {STAGE_LABELS[stage]}", by_stage[stage], "rows/CPU-s",
-                        note="one stage alone: the slowest caps the sink")
+        rows.append(Figure.repeated(section, f"chDB rows per CPU-second, {name} (decode + Arrow + insert)", per_cpu,
+                                    "rows/CPU-s", baseline=_versus(per_cpu.median, before, "end_to_end_per_cpu_s", "rows/CPU-s"),
+                                    note="CPU time of every thread of the sink process: the figure others' load changes least"))
+        rows += [Figure.repeated(section, f"chDB rows, {name}: {STAGE_LABELS[stage]}", by_stage[stage], "rows/CPU-s",
+                                 note="one stage alone: the slowest caps the sink")
                  for stage in ("decode", "arrow", "insert")]
-    audit = figures["audit"]
+    events = int(audit["events"].median)
     rows += [
-        Figure(section, "audit Parquet written (zstd)", audit["parquet_mb_per_s"], "MB/s"),
-        Figure(section, f"verify {int(audit['events']):,} audited events", audit["verify_seconds"], "s",
-               target="<= 10 s per 1M", met=audit["verify_events_per_s"] >= VERIFY_TARGET_EVENTS_S,
-               baseline="none verify data-plane audit"),
+        Figure.repeated(section, "audit Parquet written (zstd)", audit["parquet_mb_per_s"], "MB/s"),
+        Figure.repeated(section, f"verify {events:,} audited events", audit["verify_seconds"], "s",
+                        target="<= 10 s per 1M", met=audit["verify_events_per_s"].median >= VERIFY_TARGET_EVENTS_S,
+                        baseline="none verify data-plane audit"),
     ]
     write_benchmarks(rows, out)
 
