@@ -11,6 +11,7 @@ import pytest
 import typer
 from entroloop.sinks import bench
 
+from entroloop.benchmarks import sinks as repeated_bench
 from entroloop.benchmarks.repeats import Repeated
 from entroloop.cli.bench_sinks import _baseline_rows_per_s, _write_report
 
@@ -30,7 +31,7 @@ def test_clickhouse_figure_has_every_stage_and_stores_every_row(chdb_client, ch_
 
 def test_repeated_runs_each_measure_in_a_database_dropped_after_it(chdb_client):
     said: list[str] = []
-    stages = bench.clickhouse_repeated(rows=400, batch_rows=300, runs=2, progress=said.append, client=chdb_client)
+    stages = repeated_bench.clickhouse_repeated(rows=400, batch_rows=300, runs=2, progress=said.append, client=chdb_client)
     assert set(stages) == {"token_entropy", "spans"}
     for by_stage in stages.values():
         assert set(by_stage) == {"end_to_end", "end_to_end_per_cpu_s", *bench.CLICKHOUSE_STAGES}
@@ -43,7 +44,7 @@ def test_repeated_runs_each_measure_in_a_database_dropped_after_it(chdb_client):
 
 
 def test_repeated_audit_runs_give_every_figure_per_run():
-    audit = bench.audit_repeated(events=300, runs=2)
+    audit = repeated_bench.audit_repeated(events=300, runs=2)
     assert {"parquet_mb_per_s", "verify_seconds", "verify_events_per_s", "events"} <= set(audit)
     assert audit["events"].values == (300.0, 300.0)
     assert all(v > 0 for v in audit["verify_events_per_s"].values)
