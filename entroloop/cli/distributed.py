@@ -46,7 +46,9 @@ def distributed_settings(broker: str | None, topic_prefix: str | None, **extra: 
 
 def bench_publisher(
     broker: Broker = None,
-    events: Annotated[int, typer.Option(help="Records to publish.")] = 200_000,
+    events: Annotated[int, typer.Option(help="Records to publish per round and side.")] = 200_000,
+    runs: Annotated[int, typer.Option(min=1, help="Rounds (publisher and bare Producer each); the report gives "
+                                                  "medians, spreads and load averages.")] = 3,
     out: Annotated[Path, typer.Option("--out", help="The Markdown report to update.")] = Path("BENCHMARKS.md"),
     as_json: Annotated[bool, typer.Option("--json", help="End with the results as one JSON line.")] = False,
 ) -> None:
@@ -60,7 +62,8 @@ def bench_publisher(
         console.print("[yellow]bench publisher: no broker (--broker or ENTROLOOP_KAFKA_BOOTSTRAP); skipped[/yellow]")
         write_benchmarks([Figure("publisher", "publish() p99", None, "µs", note="not measured: no broker; run `make services-up`")], out)
         return
-    result = bench.run(bootstrap, events)
+    with console.status("publisher bench") as status:
+        result = bench.run(bootstrap, events, runs=runs, progress=status.update)
     console.print(
         f"publish() p50 {result['p50_us']:.2f} µs, p99 {result['p99_us']:.2f} µs, max {result['max_us']:.0f} µs; "
         f"delivered {result['delivered_per_s'] or 0:,.0f} events/s; counters {result['stats']}"
