@@ -91,7 +91,8 @@ def create_app(
             await gateway.aclose()
 
     routes = [Route(path, gateway.audited, methods=["POST"]) for path in AUDITED_PATHS]
-    feedback = FeedbackEndpoint(publish, redactor, gateway.stamper, config.feedback_rate_per_min)
+    feedback = FeedbackEndpoint(publish, redactor, gateway.stamper, config.feedback_rate_per_min,
+                                config.feedback_tenant_rate_per_min)
     routes.append(Route(FEEDBACK_PATH, feedback.handle, methods=["POST"]))
     routes.append(Route("/metrics", MetricsEndpoint(gateway.client).handle, methods=["GET"]))
     routes.extend(AdminApi(admin, gateway, config.node_id, config.route, config.fallback_upstream).routes())

@@ -30,6 +30,7 @@ class GatewayConfig:
     max_body_bytes: int = 2 << 20
     max_record_bytes: int = 1 << 20  # an Audit over this is published in parts
     feedback_rate_per_min: float = 60.0  # POST /v1/feedback per (tenant, user) and minute
+    feedback_tenant_rate_per_min: float = 6000.0  # POST /v1/feedback per tenant (all users) and minute
     fallback_upstream: str = ""  # where POST /admin/routes/ROUTE/tier {"tier": "fallback"} sends requests
     otlp_endpoint: str = ""  # OTLP/HTTP traces endpoint the gateway's spans also go to (tracing.py)
 
@@ -56,6 +57,7 @@ class GatewayConfig:
             "max_body_bytes": settings.gateway_max_body_bytes,
             "max_record_bytes": settings.max_record_bytes,
             "feedback_rate_per_min": settings.gateway_feedback_rate_per_min,
+            "feedback_tenant_rate_per_min": settings.gateway_feedback_tenant_rate_per_min,
             "fallback_upstream": settings.gateway_fallback_upstream,
             "otlp_endpoint": settings.gateway_otlp_endpoint,
         }

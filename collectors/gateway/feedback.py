@@ -13,7 +13,11 @@ was served to (another tenant's becomes a dead letter there, not a bad case).
   the feedback id when that is a UUIDv7 (else the epoch), so a retried POST publishes the same event
   id, even after a restart, and the sinks keep one row.
 * Rate-limited per (tenant, user) by a token bucket of ``ENTROLOOP_GATEWAY_FEEDBACK_RATE_PER_MIN``
-  posts, refilled at that rate: over it, 429 with ``Retry-After``.
+  posts, refilled at that rate, and per tenant (all its users together) by one of
+  ``ENTROLOOP_GATEWAY_FEEDBACK_TENANT_RATE_PER_MIN``: ``user_id`` is the client's to choose, so a
+  tenant sending every post under a fresh one would pass the per-user bucket (and push other users'
+  buckets out of the remembered ones). Over either, 429 with ``Retry-After``. The user's bucket is
+  asked first, so a user's refused posts do not use up the tenant's budget.
 """
 
 from __future__ import annotations
@@ -117,13 +121,26 @@ def _describe(exc: ValidationError) -> str:
 class FeedbackEndpoint:
     """The handler; ``published`` and ``limited`` count what it did."""
 
-    def __init__(self, publish: Publish, redactor: PiiRedactor, stamper: NodeStamper, rate_per_min: float) -> None:
+    def __init__(self, publish: Publish, redactor: PiiRedactor, stamper: NodeStamper, rate_per_min: float,
+                 tenant_rate_per_min: float = 6000.0) -> None:
         self.publish = publish
         self.redactor = redactor
         self.stamper = stamper
         self.buckets = TokenBuckets(rate_per_min)
+        self.tenant_buckets = TokenBuckets(tenant_rate_per_min)
         self.published = 0
         self.limited = 0
+
+    def _over_limit(self, tenant: str, user: str) -> Response | None:
+        """429 when the user's bucket, or then the tenant's, has no token left; else None."""
+        for whom, buckets, key in (("user", self.buckets, (tenant, user)), ("tenant", self.tenant_buckets, (tenant, ""))):
+            wait = buckets.take(key)
+            if wait > 0:
+                self.limited += 1
+                retry_after = str(max(1, math.ceil(wait)))
+                return _error(429, f"too many feedback posts for this {whom}; retry after {retry_after} s",
+                              "rate_limit_error", {"Retry-After": retry_after})
+        return None
 
     async def handle(self, request: Request) -> Response:
         """The route handler (a bound method: Starlette treats a callable object as a raw ASGI app)."""
@@ -135,12 +152,9 @@ class FeedbackEndpoint:
             if not raw.strip() or any(e["type"] == "json_invalid" for e in exc.errors()):
                 return _error(400, "invalid feedback: the body must be a JSON object", "invalid_request_error")
             return _error(400, _describe(exc), "invalid_request_error")
-        wait = self.buckets.take((tenant, body.user_id or ""))
-        if wait > 0:
-            self.limited += 1
-            retry_after = str(max(1, math.ceil(wait)))
-            return _error(429, f"too many feedback posts for this user; retry after {retry_after} s",
-                          "rate_limit_error", {"Retry-After": retry_after})
+        limited = self._over_limit(tenant, body.user_id or "")
+        if limited is not None:
+            return limited
         feedback_id = body.feedback_id or uuid7()
         event_id = feedback_event_id(tenant, feedback_id)
         now = time.time()

@@ -562,6 +562,13 @@ class Settings(BaseSettings):
         description="Feedback posts (POST /v1/feedback) each (tenant, user) may send per minute: a token bucket "
         "of this size refilled at this rate; over it the gateway answers 429 with Retry-After.",
     )
+    gateway_feedback_tenant_rate_per_min: float = Field(
+        6000.0, gt=0,
+        description="Feedback posts (POST /v1/feedback) each tenant may send per minute, all its users together "
+        "(a tenant that varies user_id is not limited by the per-user bucket alone): a token bucket of this size "
+        "refilled at this rate; over it the gateway answers 429 with Retry-After. Raise it for a tenant that "
+        "legitimately sends more.",
+    )
 
     # --- gateway adapter routing (issue 7: canary and promoted LoRA adapters on live traffic) ----
     gateway_adapter_routing: bool = Field(

@@ -15,6 +15,7 @@ from starlette.testclient import TestClient
 from entroloop.contract import codec
 from entroloop.contract.ids import uuid7
 from entroloop.contract.records import Feedback
+from entroloop.contract.settings import Settings
 from entroloop.infra.pii import PiiRedactor
 from tests.unit.collectors.fake_openai_upstream import FakeUpstream
 from tests.unit.collectors.served_app import ServedApp
@@ -192,6 +193,35 @@ def test_feedback_over_the_rate_gets_429_with_retry_after_per_tenant_and_user() 
     assert int(answers[3].headers["retry-after"]) >= 1
     assert other_user.status_code == 202 and other_tenant.status_code == 202
     assert len(_feedbacks(published)) == 5
+
+
+def test_a_tenant_varying_user_id_is_limited_by_its_tenant_bucket() -> None:
+    published: list = []
+    with _client(published, feedback_rate_per_min=3.0, feedback_tenant_rate_per_min=5.0) as client:
+        answers = [client.post("/v1/feedback", json={"request_id": "r", "rating": 1, "user_id": f"u{i}"}, headers=ACME)
+                   for i in range(7)]
+        other_tenant = client.post("/v1/feedback", json={"request_id": "r", "rating": 1, "user_id": "u1"},
+                                   headers={"X-API-Key": BETA_KEY})
+    assert [a.status_code for a in answers] == [202] * 5 + [429, 429]
+    assert "tenant" in answers[5].json()["error"]["message"] and int(answers[5].headers["retry-after"]) >= 1
+    assert other_tenant.status_code == 202  # one tenant's budget is its own
+    assert len(_feedbacks(published)) == 6
+
+
+def test_a_users_refused_posts_do_not_use_up_the_tenants_budget() -> None:
+    published: list = []
+    body = {"request_id": "r", "rating": 1, "user_id": "flooder"}
+    with _client(published, feedback_rate_per_min=2.0, feedback_tenant_rate_per_min=4.0) as client:
+        flood = [client.post("/v1/feedback", json=body, headers=ACME).status_code for _ in range(10)]
+        others = [client.post("/v1/feedback", json={**body, "user_id": f"u{i}"}, headers=ACME).status_code
+                  for i in range(2)]
+    assert flood == [202, 202] + [429] * 8
+    assert others == [202, 202]
+
+
+def test_the_tenant_rate_comes_from_the_settings() -> None:
+    config = GatewayConfig.from_settings(Settings(gateway_feedback_tenant_rate_per_min=120.0))
+    assert config.feedback_tenant_rate_per_min == 120.0
 
 
 def test_token_buckets_refill_at_the_rate() -> None:
