@@ -122,7 +122,7 @@ class FeedbackEndpoint:
     """The handler; ``published`` and ``limited`` count what it did."""
 
     def __init__(self, publish: Publish, redactor: PiiRedactor, stamper: NodeStamper, rate_per_min: float,
-                 tenant_rate_per_min: float = 6000.0) -> None:
+                 tenant_rate_per_min: float) -> None:
         self.publish = publish
         self.redactor = redactor
         self.stamper = stamper
