@@ -55,6 +55,7 @@ from entroloop.contract.records import (
     DeadLetter,
     Event,
     Feedback,
+    verdict_applies,
 )
 from entroloop.contract.settings import Settings
 from entroloop.contract.topics import partition_for
@@ -357,7 +358,7 @@ class BadCaseJoiner(Processor):
             return None  # redelivered feedback: already a bad case
         audit = entry.audit
         assert audit is not None
-        if feedback.tenant and audit.tenant and feedback.tenant != audit.tenant:
+        if not verdict_applies(feedback.tenant, audit.tenant):
             self.refused_other_tenant += 1
             return self.tenant_mismatch(audit, feedback)
         entry.joined_feedback_ids.append(feedback.event_id)

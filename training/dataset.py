@@ -4,7 +4,9 @@
   corrected several times; the latest correction wins (users refine their corrections).
 * Replay examples are audited answers nobody complained about (no feedback at or below the
   negative rating, not a bad case): training on a sample of them limits forgetting, and their
-  held-out part is the general set the gate measures loss on.
+  held-out part is the general set the gate measures loss on. A negative verdict counts only from
+  the tenant the answer was served to (``verdict_applies``): another tenant that learned a request id
+  cannot pull that answer out of the replay sample.
 * PII is already redacted upstream (audit capture redacts before records exist), so nothing here
   sees raw identities.
 * De-duplication is by normalized prompt. The train/held-out split and the replay sample are chosen
@@ -23,7 +25,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from entroloop.contract.records import NEGATIVE_RATING, Audit, BadCase, Feedback
+from entroloop.contract.records import (
+    NEGATIVE_RATING,
+    Audit,
+    BadCase,
+    Feedback,
+    verdict_applies,
+)
 
 CORRECTION = "correction"
 REPLAY = "replay"
@@ -117,8 +125,11 @@ def _latest_corrections(bad_cases: Iterable[BadCase]) -> list[Example]:
 def _accepted_traffic(
     audits: Iterable[Audit], feedback: Iterable[Feedback], bad_cases: list[BadCase], negative_rating: int
 ) -> list[Example]:
-    rejected_requests = {f.request_id for f in feedback if f.rating <= negative_rating}
-    rejected_requests |= {b.request_id for b in bad_cases}
+    negative_from: dict[str, set[str]] = {}  # request id -> tenants that rated it negative
+    for f in feedback:
+        if f.rating <= negative_rating:
+            negative_from.setdefault(f.request_id, set()).add(f.tenant)
+    rejected_requests = {b.request_id for b in bad_cases}
     rejected_audits = {b.audit_id for b in bad_cases if b.audit_id}
     corrected_prompts = {normalize_text(b.prompt) for b in bad_cases}
     first: dict[str, Audit] = {}
@@ -126,6 +137,7 @@ def _accepted_traffic(
         key = normalize_text(a.prompt)
         if (
             a.request_id in rejected_requests
+            or any(verdict_applies(tenant, a.tenant) for tenant in negative_from.get(a.request_id, ()))
             or a.audit_id in rejected_audits
             or key in corrected_prompts
             or not a.response.strip()

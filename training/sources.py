@@ -6,7 +6,8 @@ where the text lives:
 
 1. **Which requests** - ClickHouse ``audit_index`` (metadata, no text): audited answers of the
    request's model up to its window end, with a non-empty response, and *accepted*: no feedback at or
-   below the negative rating, not a bad case (by request id or audit id), no fallback. The sample is
+   below the negative rating from the answer's own tenant (``verdict_applies``: equal tenants, or an
+   empty one on either side), not a bad case (by request id or audit id), no fallback. The sample is
    ``ORDER BY sipHash64(trigger key, audit_id) LIMIT n``: a keyed hash, so the same job over the same
    tables picks the same ids, and different jobs pick different samples.
 2. **Their text** - each sampled id is read from the audit log with
@@ -111,7 +112,14 @@ class WarehouseSource:
         rows = self.client.query(
             f"SELECT audit_id FROM {db}.audit_index FINAL "
             f"WHERE model = %(model)s AND audit_id != '' AND response_chars > 0 {until} "
-            f"AND request_id NOT IN (SELECT request_id FROM {db}.feedback FINAL WHERE rating <= %(neg)s) "
+            # verdict_applies in SQL: a negative verdict of the answer's tenant, or one without a tenant,
+            # or any negative verdict on an answer served without a tenant
+            f"AND (request_id, tenant) NOT IN (SELECT request_id, tenant FROM {db}.feedback FINAL "
+            f"WHERE rating <= %(neg)s) "
+            f"AND request_id NOT IN (SELECT request_id FROM {db}.feedback FINAL "
+            f"WHERE rating <= %(neg)s AND tenant = '') "
+            f"AND (tenant != '' OR request_id NOT IN (SELECT request_id FROM {db}.feedback FINAL "
+            f"WHERE rating <= %(neg)s)) "
             f"AND request_id NOT IN (SELECT request_id FROM {db}.bad_cases FINAL) "
             f"AND audit_id NOT IN (SELECT audit_id FROM {db}.bad_cases FINAL WHERE audit_id != '') "
             f"AND request_id NOT IN (SELECT request_id FROM {db}.fallbacks FINAL) "

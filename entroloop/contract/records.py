@@ -256,6 +256,17 @@ class Feedback(Event, tag="feedback"):
     topic: ClassVar[str] = "entroloop.feedback.v1"
 
 
+def verdict_applies(feedback_tenant: str, audit_tenant: str) -> bool:
+    """Whether a verdict posted by ``feedback_tenant`` may judge an answer served to ``audit_tenant``.
+
+    Request ids travel in responses and logs, so another tenant can learn one; its verdicts must not
+    turn that answer into a bad case or drop it from retraining data. An empty tenant on either side
+    (a producer that predates the field, an answer served without API keys) names no owner: it applies.
+    The same rule, in SQL, is in ``training/sources.py``.
+    """
+    return not feedback_tenant or not audit_tenant or feedback_tenant == audit_tenant
+
+
 class Fallback(Event, tag="fallback"):
     """A request answered by a fallback tier (gateway decision or low intent similarity)."""
 
@@ -438,4 +449,5 @@ __all__ = [
     "DeadLetter",
     "pack_entropies",
     "pack_token_hashes",
+    "verdict_applies",
 ]

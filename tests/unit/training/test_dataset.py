@@ -41,6 +41,23 @@ def test_corrections_deduplicated_latest_wins_and_replay_excludes_bad_traffic() 
     assert len(data.regression_suite) == 2 and len(data.general_heldout) == 2
 
 
+def test_a_negative_verdict_counts_only_from_the_answers_tenant() -> None:
+    """Request ids leak (responses, logs): another tenant's thumbs-down must not pull an answer out of
+    the replay sample; the owner's, or one without a tenant, does; an answer without a tenant has no owner."""
+    cases = [bad_case(f"question {i}", f"answer {i}") for i in range(10)]
+    audits = [audit("rival's target", "kept", "req-a", tenant="acme"),
+              audit("owner's complaint", "dropped", "req-b", tenant="acme"),
+              audit("legacy verdict", "dropped", "req-c", tenant="acme"),
+              audit("no owner", "dropped", "req-d", tenant=""),
+              audit("untouched", "kept", "req-e", tenant="acme")]
+    fb = [feedback("req-a", -1, tenant="rival"), feedback("req-b", -1, tenant="acme"),
+          feedback("req-c", -1, tenant=""), feedback("req-d", -1, tenant="rival"),
+          feedback("req-e", 1, tenant="acme")]
+    data = build_dataset(cases, audits, fb, replay_ratio=1.0, heldout_fraction=0.2, seed="s")
+    replayed = {e.prompt for e in data.train + data.heldout if e.source == REPLAY}
+    assert replayed == {"rival's target", "untouched"}
+
+
 def test_same_inputs_in_any_order_give_the_same_digest() -> None:
     cases, audits, fb = _inputs()
     a = build_dataset(cases, audits, fb, seed="s")

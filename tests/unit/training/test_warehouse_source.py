@@ -92,6 +92,27 @@ def test_accepted_traffic_by_audit_id_and_bad_cases_from_clickhouse(chdb_client,
     assert all(e.origin in accepted and RAW_EMAIL not in e.prompt for e in replay)
 
 
+def test_a_negative_verdict_excludes_an_answer_only_from_its_own_tenant(chdb_client, ch_database, tmp_path) -> None:
+    """verdict_applies in SQL: the owner's thumbs-down, or one without a tenant, excludes the answer; another
+    tenant's (it learned the request id) does not; an answer served without a tenant has no owner."""
+    stamper = NodeStamper("gw-1")
+    now = time.time()
+    served = {"t-rival": "acme", "t-owner": "acme", "t-legacy": "acme", "t-none": "", "t-kept": "acme"}
+    audits = [Audit(**stamper.stamp(now - 50), request_id=rid, audit_id=f"a-{rid}", model="model-a",
+                    tenant=tenant, prompt=f"prompt {rid}", response="answer") for rid, tenant in served.items()]
+    sink = ClickHouseSink(chdb_client, ch_database)
+    sink.write(Audit.topic, 0, 0, len(audits) - 1, audits)
+    verdicts = {"t-rival": "rival", "t-owner": "acme", "t-legacy": "", "t-none": "rival"}
+    feedback = [Feedback(**stamper.stamp(), request_id=rid, rating=-2, tenant=tenant) for rid, tenant in verdicts.items()]
+    feedback.append(Feedback(**stamper.stamp(), request_id="t-kept", rating=3, tenant="acme"))
+    sink.write(Feedback.topic, 0, 0, len(feedback) - 1, feedback)
+    request = RetrainRequest(**stamper.stamp(), request_id="k", trigger_key="model-a/format/9", model="model-a",
+                             category="format", reason="error_rate", window_end=now + 60)
+    source = WarehouseSource(chdb_client, ch_database, LocalWormStore(tmp_path / "worm"))
+
+    assert sorted(source.accepted_audit_ids(request, 100)) == ["a-t-kept", "a-t-rival"]
+
+
 def _fields(record) -> dict:
     return {f: getattr(record, f) for f in record.__struct_fields__}
 

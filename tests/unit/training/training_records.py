@@ -23,10 +23,10 @@ def bad_case(prompt: str, correction: str, at: float | None = None, model: str =
                    response="wrong answer", correction=correction)
 
 
-def audit(prompt: str, response: str, request_id: str, model: str = "model-a") -> Audit:
+def audit(prompt: str, response: str, request_id: str, model: str = "model-a", tenant: str = "") -> Audit:
     return Audit(**_stamper.stamp(), request_id=request_id, audit_id=f"a-{request_id}", model=model,
-                 prompt=prompt, response=response)
+                 prompt=prompt, response=response, tenant=tenant)
 
 
-def feedback(request_id: str, rating: int) -> Feedback:
-    return Feedback(**_stamper.stamp(time.time()), request_id=request_id, rating=rating)
+def feedback(request_id: str, rating: int, tenant: str = "") -> Feedback:
+    return Feedback(**_stamper.stamp(time.time()), request_id=request_id, rating=rating, tenant=tenant)
