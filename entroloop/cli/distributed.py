@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from entroloop.benchmarks.repeats import DEFAULT_RUNS
 from entroloop.cli.common import settings_or_exit
 from entroloop.contract.settings import Settings, load_settings
 
@@ -48,7 +49,7 @@ def bench_publisher(
     broker: Broker = None,
     events: Annotated[int, typer.Option(help="Records to publish per round and side.")] = 200_000,
     runs: Annotated[int, typer.Option(min=1, help="Rounds (publisher and bare Producer each); the report gives "
-                                                  "medians, spreads and load averages.")] = 3,
+                                                  "medians, spreads and load averages.")] = DEFAULT_RUNS,
     out: Annotated[Path, typer.Option("--out", help="The Markdown report to update.")] = Path("BENCHMARKS.md"),
     as_json: Annotated[bool, typer.Option("--json", help="End with the results as one JSON line.")] = False,
 ) -> None:
