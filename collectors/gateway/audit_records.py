@@ -93,6 +93,8 @@ def build_records(
         capture.prompt_of(exchange.path, exchange.body),
         capture.response_texts(exchange.path, exchange.response),
         redactor,
+        sampling=capture.sampling_of(exchange.body),
+        prompt_version=exchange.headers.get("x-entroloop-prompt-version", "")[:MAX_PROMPT_VERSION_CHARS],
     )
     audit = Audit(
         **stamper.stamp(exchange.end),  # type: ignore[arg-type]
@@ -105,9 +107,8 @@ def build_records(
         route=route,
         tenant=exchange.tenant,
         user_id=redactor.pseudonymise_user(capture.user_of(exchange.body, exchange.headers)),
-        prompt_template_version=redactor.redact_text(exchange.headers.get("x-entroloop-prompt-version", "")[:MAX_PROMPT_VERSION_CHARS]),
-        sampling={k: redactor.redact_text(v) if isinstance(v, str) else v
-                  for k, v in capture.sampling_of(exchange.body).items()},
+        prompt_template_version=redacted.prompt_version,
+        sampling=redacted.sampling,
         tokenizer_digest=tokenizer_digest,
         engine_version=engine_version,
         redactions=redacted.counts,

@@ -38,11 +38,14 @@ SAMPLING_KEYS = (
 
 @dataclass
 class RedactedExchange:
-    """The redacted prompt and response of one request, with entity counts over both."""
+    """The redacted text of one request (prompt, response, sampling values, prompt version), with
+    entity counts over all of it: the Audit's ``redactions`` must count every entity it replaced."""
 
     prompt: str
     response: str
     counts: dict[str, int] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    prompt_version: str = ""
 
 
 def _redact_tree(value: Any, redactor: PiiRedactor, counts: Counter[str]) -> Any:
@@ -90,13 +93,17 @@ def response_texts(path: str, response: Mapping[str, Any]) -> list[str]:
     return texts
 
 
-def redact_exchange(prompt: Any, texts: list[str], redactor: PiiRedactor) -> RedactedExchange:
-    """Redact prompt and response; one choice is kept as its text, several as a JSON list."""
+def redact_exchange(prompt: Any, texts: list[str], redactor: PiiRedactor, *,
+                    sampling: Mapping[str, Any] | None = None, prompt_version: str = "") -> RedactedExchange:
+    """Redact prompt, response, the string sampling values (``stop``, ``response_format`` as JSON, ...)
+    and the prompt-version header; one choice is kept as its text, several as a JSON list."""
     counts: Counter[str] = Counter()
     redacted_prompt = _as_text(_redact_tree(prompt, redactor, counts))
     redacted_texts = _redact_tree(texts, redactor, counts)
     response = redacted_texts[0] if len(redacted_texts) == 1 else _as_text(redacted_texts)
-    return RedactedExchange(redacted_prompt, response, dict(counts))
+    redacted_sampling = {key: _redact_tree(value, redactor, counts) for key, value in (sampling or {}).items()}
+    redacted_version = _redact_tree(prompt_version, redactor, counts)
+    return RedactedExchange(redacted_prompt, response, dict(counts), redacted_sampling, redacted_version)
 
 
 def sampling_of(body: Mapping[str, Any]) -> dict[str, str | int | float | bool | None]:

@@ -72,6 +72,7 @@ def test_pii_outside_message_values_is_redacted_before_the_audit_is_published() 
     stored = f"{audit.prompt} {audit.sampling} {audit.prompt_template_version}"
     for address in ("john.doe@example.com", "jane@example.com", "bob@example.com", "alice@example.com"):
         assert address not in stored, (address, stored)
+    assert audit.redactions == {"email": 4}  # every replaced entity counted, not only the messages' ones
 
 
 def test_a_client_request_id_the_feedback_api_refuses_is_not_used() -> None:
