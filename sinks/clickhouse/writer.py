@@ -9,7 +9,7 @@ both, every table is a ReplacingMergeTree keyed on ``event_id``, so a copy that 
 (after a sink restart) still ends as one row on merge (exact counts use ``FINAL``).
 
 A batch that ClickHouse refuses because of one record is bisected (``entroloop.sinks.clickhouse.poison``):
-the good records are inserted under tokens derived from the batch's, and each record refused on
+the good records are inserted under tokens derived from the batch's and their event ids, and each record refused on
 its own is handed to the caller's ``on_poison`` (which dead-letters it) instead of stopping the sink.
 """
 
@@ -111,7 +111,8 @@ class ClickHouseSink:
             return 0
         table = TOPIC_BY_NAME[topic].table
         token = batch_token(token_prefix + topic, ranges)
-        poison = insert_isolating_poison(fresh, token, lambda part, tok: self._insert_part(table, part, tok))
+        poison = insert_isolating_poison(fresh, token, lambda part, tok: self._insert_part(table, part, tok),
+                                         key=lambda record: record.event_id)
         if poison:
             self.poison_records += len(poison)
             if on_poison is None:
