@@ -17,8 +17,10 @@ and kept outside the log (``entroloop.sinks.audit.checkpointer``), so ``verify``
 written from a consistent rewrite of it.
 
 Write order is data files, then the manifest, then the head: a crash at any point leaves objects
-that a retry recreates byte for byte (``put_once`` recognises them), and a manifest written without
-its head is adopted and sealed the next time the writer opens that chain.
+that a retry recreates byte for byte (``put_once`` recognises them) or, when the retry filters other
+records (the recent-id memory died with the process), a data file whose rows are all this batch's:
+it is chained and the records it lacks are written beside it (``_put_group``). A manifest written
+without its head is adopted and sealed the next time the writer opens that chain.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from entroloop.infra.worm.layouts import (
     AUDIT_LAYOUT,
     AUDIT_SCHEMA,
     LOGGED_TOPICS,
+    RecordLayout,
     layout_for,
 )
 from entroloop.infra.worm.manifest import (
@@ -145,26 +148,48 @@ class AuditParquetWriter:
         state.batches.add(manifest.key)
 
     # --- writing ---------------------------------------------------------------------------------
-    def _put_file(self, key: str, data: bytes, table: pa.Table) -> tuple[str, int]:
-        """Store one data file once; return (sha256, size) of the object that holds it."""
+    def _put_group(self, layout: RecordLayout, key: str, group: list[Event], batch_records: Sequence[Event]) -> list[FileEntry]:
+        """Store one folder's records of a batch at ``key`` once; the entries of the files that hold them.
+
+        The key may hold an earlier attempt of this batch (same offsets): a crash came between its
+        data files and its manifest. That attempt may have left out other records than this one (the
+        recent-id memory that filters spool replays dies with the process), and may have used other
+        bytes (another Parquet library). Its file is chained when every row of it is a record of this
+        batch, and this group's records it lacks go to a second file (``<batch>.rest.parquet``).
+        Anything else at the key was planted there: refused, never chained. So an intruder who can
+        write to the store can neither forge a record nor, by planting a subset, hide one.
+        """
+        table = layout.table(group)
+        data = parquet_bytes(table)
         try:
             created = self.store.put_once(key, data)
         except ObjectExists:
-            # Written by an earlier attempt of this same batch (same offsets, so the same records)
-            # with other bytes, e.g. before a Parquet library upgrade: the stored object stands,
-            # but only if it holds exactly these records (else someone planted it at a known key).
             existing = self.store.get(key)
-            if not pq.read_table(io.BytesIO(existing), use_threads=False).equals(table):
-                raise AuditChainError(f"{key} already exists with other records than this batch; "
-                                      "refusing to chain it (run `entroloop audit verify`)")
+            held = self._earlier_attempt(layout, key, existing, batch_records)
             self.files_skipped += 1
-            return sha256_hex(existing), len(existing)
+            entries = [FileEntry(key, sha256_hex(existing), len(held), len(existing))]
+            missing = [r for r in group if r.event_id not in held]
+            if missing:
+                entries += self._put_group(layout, key.removesuffix(".parquet") + ".rest.parquet", missing, missing)
+            return entries
         if created:
             self.files_written += 1
             self.bytes_written += len(data)
         else:
             self.files_skipped += 1
-        return sha256_hex(data), len(data)
+        return [FileEntry(key, sha256_hex(data), len(group), len(data))]
+
+    @staticmethod
+    def _earlier_attempt(layout: RecordLayout, key: str, existing: bytes, batch_records: Sequence[Event]) -> set[str]:
+        """The event ids the object at ``key`` holds, if each of its rows equals a record of this
+        batch (all columns); else ``AuditChainError``."""
+        stored = pq.read_table(io.BytesIO(existing), use_threads=False)
+        by_id = {r.event_id: r for r in batch_records}
+        ids = [str(i) for i in stored.column("event_id").to_pylist()] if "event_id" in stored.column_names else None
+        if ids is None or any(i not in by_id for i in ids) or not stored.equals(layout.table([by_id[i] for i in ids])):
+            raise AuditChainError(f"{key} already exists with other records than this batch; "
+                                  "refusing to chain it (run `entroloop audit verify`)")
+        return set(ids)
 
     def write(
         self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event]
@@ -196,10 +221,7 @@ class AuditParquetWriter:
         batch = batch_name(topic, partition, first_offset, last_offset)
         files = []
         for folder, group in sorted(groups.items()):
-            file_key = f"{folder}/{batch}.parquet"
-            table = layout.table(group)
-            sha, size = self._put_file(file_key, parquet_bytes(table), table)
-            files.append(FileEntry(file_key, sha, len(group), size))
+            files += self._put_group(layout, f"{folder}/{batch}.parquet", group, records)
             self.records_written += len(group)
         files.sort(key=lambda f: f.key)
         manifest = Manifest(

@@ -94,3 +94,55 @@ def test_a_retried_batch_whose_file_holds_the_same_records_in_other_bytes_is_cha
     assert writer.files_skipped == 1
     assert verify_store(store).ok
     assert [r["response"] for r in find_records(store, "audit_id", audits[3].audit_id)] == [audits[3].response]
+
+
+class Crash(BaseException):
+    """A SIGKILL between a batch's data file and its manifest: nothing after it runs."""
+
+
+def test_a_batch_retried_after_a_crash_with_other_duplicates_filtered_is_chained_whole(tmp_path: Path):
+    """The writer leaves out records it stored lately (a spool replay re-sent them at another offset).
+    That memory dies with the process: after a crash between a batch's data file and its manifest,
+    the redelivery filters less, the file at the batch's key holds fewer records than the retry's,
+    and it was refused as planted - the audit sink stopped at that batch for good. Now the stored
+    file is chained when every row of it is this batch's, and the rest goes to a second file."""
+    store = LocalWormStore(tmp_path / "worm")
+    audits = [replace_model(a) for a in _audits(30)]
+    replayed = audits[5]
+    first = AuditParquetWriter(store)
+    first.write(TOPIC, 0, 0, 9, audits[:10])  # stored, and remembered
+    batch = [*audits[10:20], replayed, *audits[20:30]]  # the spool re-sent audits[5] at offset 20
+    real_put = store.put_once
+
+    def put_then_crash(key, data):
+        if key.startswith("manifests/"):
+            raise Crash()
+        return real_put(key, data)
+
+    store.put_once = put_then_crash
+    try:
+        first.write(TOPIC, 0, 10, 30, batch)
+    except Crash:
+        pass
+    store.put_once = real_put
+
+    second = AuditParquetWriter(store)  # a new process: no memory of recent ids
+    second.write(TOPIC, 0, 10, 30, batch)
+    assert verify_store(store).ok
+    for a in audits:
+        responses = [r["response"] for r in find_records(store, "audit_id", a.audit_id)]
+        assert responses[:1] == [a.response] and len(responses) == (2 if a is replayed else 1), a.audit_id
+
+
+def test_a_planted_subset_file_cannot_hide_the_batchs_other_records(tmp_path: Path):
+    """An intruder who plants honest rows of the next batch at its key (leaving one record out) does
+    not suppress that record: it is written beside them and chained."""
+    store = LocalWormStore(tmp_path / "worm")
+    audits = [replace_model(a) for a in _audits(20)]
+    folder = AUDIT_LAYOUT.folder(audits[0])
+    hidden = audits[7]
+    store.put_once(f"{folder}/{batch_name(TOPIC, 0, 0, 19)}.parquet",
+                   parquet_bytes(AUDIT_LAYOUT.table([a for a in audits if a is not hidden])))
+    AuditParquetWriter(store).write(TOPIC, 0, 0, 19, audits)
+    assert verify_store(store).ok
+    assert [r["response"] for r in find_records(store, "audit_id", hidden.audit_id)] == [hidden.response]
