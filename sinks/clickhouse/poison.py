@@ -15,18 +15,13 @@ backoff and nothing is dead-lettered. As a second guard, a batch of more than on
 *no* record could be inserted, or in which more than ``max_poison`` records fail, is also treated
 as a systemic failure and raised.
 
-Idempotency survives the split: a piece's insert deduplication token is the batch's followed by a
-digest of the piece's record keys (``T`` -> ``T/<digest>``), so a redelivered batch that splits the
-same way repeats every good piece's token and ClickHouse drops the repeat. The token names the rows,
-not the piece's place in the cut: a redelivery may hold other rows than the first delivery (the sink
-filters events it stored recently, a memory a restart empties), and then the same cut positions
-cover other records; a positional token (``T/0``) reused by those would make ClickHouse drop rows
-that were never stored.
+Idempotency survives the split: each half's insert deduplication token is derived from its parent's
+(``T`` -> ``T/0``, ``T/1``), and a redelivered batch (same records, same token) fails and splits
+the same way, so every good half repeats its token and ClickHouse drops the repeat.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -103,26 +98,14 @@ class Poison(Generic[T]):
     reason: str
 
 
-def piece_token(token: str, keys: Sequence[str]) -> str:
-    """The deduplication token of a piece of the batch ``token``: the batch's, plus a digest of the
-    piece's record keys in order (equal tokens mean equal rows)."""
-    digest = hashlib.blake2b(digest_size=12)
-    for key in keys:
-        digest.update(key.encode("utf-8", "surrogatepass"))
-        digest.update(b"\0")
-    return f"{token}/{digest.hexdigest()}"
-
-
 def insert_isolating_poison(
     items: Sequence[T],
     token: str,
     insert: Callable[[Sequence[T], str], None],
-    key: Callable[[T], str],
     max_poison: int = DEFAULT_MAX_POISON,
 ) -> list[Poison[T]]:
     """Insert ``items`` with ``insert(items, token)``; on failure bisect and return the poison.
 
-    ``key`` names an item uniquely (the event id): pieces are inserted under ``piece_token``.
     Every item not returned was inserted (by one of the calls). Raises the error unchanged when
     it is systemic, and ``SystemicInsertError`` when nothing of a batch of two or more could be
     inserted or more than ``max_poison`` items fail on their own.
@@ -150,8 +133,8 @@ def insert_isolating_poison(
                 ) from error
             return
         mid = (lo + hi) // 2
-        attempt(lo, mid, piece_token(token, [key(item) for item in items[lo:mid]]), None)
-        attempt(mid, hi, piece_token(token, [key(item) for item in items[mid:hi]]), None)
+        attempt(lo, mid, f"{tok}/0", None)
+        attempt(mid, hi, f"{tok}/1", None)
 
     try:
         insert(items, token)
@@ -177,5 +160,4 @@ __all__ = [
     "error_text",
     "insert_isolating_poison",
     "is_systemic",
-    "piece_token",
 ]

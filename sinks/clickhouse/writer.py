@@ -9,7 +9,7 @@ both, every table is a ReplacingMergeTree keyed on ``event_id``, so a copy that 
 (after a sink restart) still ends as one row on merge (exact counts use ``FINAL``).
 
 A batch that ClickHouse refuses because of one record is bisected (``entroloop.sinks.clickhouse.poison``):
-the good records are inserted under tokens derived from the batch's and their event ids, and each record refused on
+the good records are inserted under tokens derived from the batch's, and each record refused on
 its own is handed to the caller's ``on_poison`` (which dead-letters it) instead of stopping the sink.
 """
 
@@ -105,20 +105,28 @@ class ClickHouseSink:
         Without ``on_poison`` the refusal is raised as ``PoisonRecordsError`` after the rest is
         stored. Errors that are not about records (ClickHouse down, disk full) are raised unchanged.
         """
-        positions = {id(r): i for i, r in enumerate(records)}
         fresh = self.recent.unseen(records)
         if not fresh:
             return 0
         table = TOPIC_BY_NAME[topic].table
         token = batch_token(token_prefix + topic, ranges)
-        poison = insert_isolating_poison(fresh, token, lambda part, tok: self._insert_part(table, part, tok),
-                                         key=lambda record: record.event_id)
+        fresh_ids = {id(r) for r in fresh}
+
+        def insert_fresh(part: Sequence[Event], part_token: str) -> None:
+            rows = [r for r in part if id(r) in fresh_ids]
+            if rows:
+                self._insert_part(table, rows, part_token)
+
+        # The cut is of the whole batch, the recent-id filter applied inside each piece: a redelivery
+        # (same offsets, same records) is cut at the same records whatever that memory holds (a
+        # restart empties it), so a piece's token always names the same rows.
+        poison = insert_isolating_poison(records, token, insert_fresh)
         if poison:
             self.poison_records += len(poison)
             if on_poison is None:
-                raise PoisonRecordsError(table, [(positions[id(p.item)], p.item, p.reason) for p in poison])
+                raise PoisonRecordsError(table, [(p.index, p.item, p.reason) for p in poison])
             for p in poison:
-                on_poison(positions[id(p.item)], p.item, p.reason)
+                on_poison(p.index, p.item, p.reason)
         return len(fresh) - len(poison)
 
     def _insert_part(self, table: str, records: Sequence[Event], token: str) -> None:
