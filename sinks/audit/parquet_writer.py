@@ -148,7 +148,8 @@ class AuditParquetWriter:
         state.batches.add(manifest.key)
 
     # --- writing ---------------------------------------------------------------------------------
-    def _put_group(self, layout: RecordLayout, key: str, group: list[Event], batch_records: Sequence[Event]) -> list[FileEntry]:
+    def _put_group(self, layout: RecordLayout, key: str, group: list[Event],
+                   batch_records: Sequence[Event]) -> list[FileEntry]:
         """Store one folder's records of a batch at ``key`` once; the entries of the files that hold them.
 
         The key may hold an earlier attempt of this batch (same offsets): a crash came between its
@@ -180,13 +181,15 @@ class AuditParquetWriter:
         return [FileEntry(key, sha256_hex(data), len(group), len(data))]
 
     @staticmethod
-    def _earlier_attempt(layout: RecordLayout, key: str, existing: bytes, batch_records: Sequence[Event]) -> set[str]:
+    def _earlier_attempt(layout: RecordLayout, key: str, existing: bytes,
+                         batch_records: Sequence[Event]) -> set[str]:
         """The event ids the object at ``key`` holds, if each of its rows equals a record of this
         batch (all columns); else ``AuditChainError``."""
         stored = pq.read_table(io.BytesIO(existing), use_threads=False)
         by_id = {r.event_id: r for r in batch_records}
         ids = [str(i) for i in stored.column("event_id").to_pylist()] if "event_id" in stored.column_names else None
-        if ids is None or any(i not in by_id for i in ids) or not stored.equals(layout.table([by_id[i] for i in ids])):
+        if ids is None or any(i not in by_id for i in ids) \
+                or not stored.equals(layout.table([by_id[i] for i in ids])):
             raise AuditChainError(f"{key} already exists with other records than this batch; "
                                   "refusing to chain it (run `entroloop audit verify`)")
         return set(ids)
