@@ -156,7 +156,8 @@ class AuditParquetWriter:
         data files and its manifest. That attempt may have left out other records than this one (the
         recent-id memory that filters spool replays dies with the process), and may have used other
         bytes (another Parquet library). Its file is chained when every row of it is a record of this
-        batch, and this group's records it lacks go to a second file (``<batch>.rest.parquet``).
+        batch, and this group's records it lacks go to a second file (``<batch>.rest.parquet``, under the
+        same rule: a retry may find it written already, with more or fewer of the batch's records).
         Anything else at the key was planted there: refused, never chained. So an intruder who can
         write to the store can neither forge a record nor, by planting a subset, hide one.
         """
@@ -171,7 +172,8 @@ class AuditParquetWriter:
             entries = [FileEntry(key, sha256_hex(existing), len(held), len(existing))]
             missing = [r for r in group if r.event_id not in held]
             if missing:
-                entries += self._put_group(layout, key.removesuffix(".parquet") + ".rest.parquet", missing, missing)
+                entries += self._put_group(layout, key.removesuffix(".parquet") + ".rest.parquet", missing,
+                                          batch_records)
             return entries
         if created:
             self.files_written += 1

@@ -146,3 +146,37 @@ def test_a_planted_subset_file_cannot_hide_the_batchs_other_records(tmp_path: Pa
     AuditParquetWriter(store).write(TOPIC, 0, 0, 19, audits)
     assert verify_store(store).ok
     assert [r["response"] for r in find_records(store, "audit_id", hidden.audit_id)] == [hidden.response]
+
+
+def test_the_second_file_of_a_retried_batch_follows_the_same_rule(tmp_path: Path):
+    """Two crashes before the manifest, each retry knowing other recent ids: the first retry wrote
+    both replays to the .rest file, the second retry (which knows one of them) must chain that file
+    although it holds a record this retry left out."""
+    store = LocalWormStore(tmp_path / "worm")
+    audits = [replace_model(a) for a in _audits(30)]
+    first_replay, second_replay = audits[2], audits[4]
+    AuditParquetWriter(store).write(TOPIC, 0, 0, 9, audits[:10])
+    batch = [*audits[10:20], first_replay, second_replay, *audits[20:30]]
+    real_put = store.put_once
+
+    def put_then_crash(key, data):
+        if key.startswith("manifests/"):
+            raise Crash()
+        return real_put(key, data)
+
+    store.put_once = put_then_crash
+    for knows in ([first_replay, second_replay], []):  # a crash before the manifest, twice
+        writer = AuditParquetWriter(store)
+        writer.recent.remember(knows)
+        try:
+            writer.write(TOPIC, 0, 10, 31, batch)
+        except Crash:
+            pass
+    store.put_once = real_put
+    last = AuditParquetWriter(store)
+    last.recent.remember([second_replay])
+    last.write(TOPIC, 0, 10, 31, batch)
+    assert verify_store(store).ok
+    for a in audits:
+        responses = [r["response"] for r in find_records(store, "audit_id", a.audit_id)]
+        assert responses[:1] == [a.response], a.audit_id
