@@ -100,6 +100,25 @@ class Crash(BaseException):
     """A SIGKILL between a batch's data file and its manifest: nothing after it runs."""
 
 
+def _crash_before_the_manifest(store: LocalWormStore, writer: AuditParquetWriter, first: int, last: int,
+                               batch: list[Audit]) -> None:
+    """``writer`` writes the batch's data files and dies as it puts the manifest."""
+    real_put = store.put_once
+
+    def put_then_crash(key, data):
+        if key.startswith("manifests/"):
+            raise Crash()
+        return real_put(key, data)
+
+    store.put_once = put_then_crash
+    try:
+        writer.write(TOPIC, 0, first, last, batch)
+    except Crash:
+        pass
+    finally:
+        store.put_once = real_put
+
+
 def test_a_batch_retried_after_a_crash_with_other_duplicates_filtered_is_chained_whole(tmp_path: Path):
     """The writer leaves out records it stored lately (a spool replay re-sent them at another offset).
     That memory dies with the process: after a crash between a batch's data file and its manifest,
@@ -112,19 +131,7 @@ def test_a_batch_retried_after_a_crash_with_other_duplicates_filtered_is_chained
     first = AuditParquetWriter(store)
     first.write(TOPIC, 0, 0, 9, audits[:10])  # stored, and remembered
     batch = [*audits[10:20], replayed, *audits[20:30]]  # the spool re-sent audits[5] at offset 20
-    real_put = store.put_once
-
-    def put_then_crash(key, data):
-        if key.startswith("manifests/"):
-            raise Crash()
-        return real_put(key, data)
-
-    store.put_once = put_then_crash
-    try:
-        first.write(TOPIC, 0, 10, 30, batch)
-    except Crash:
-        pass
-    store.put_once = real_put
+    _crash_before_the_manifest(store, first, 10, 30, batch)
 
     second = AuditParquetWriter(store)  # a new process: no memory of recent ids
     second.write(TOPIC, 0, 10, 30, batch)
@@ -157,22 +164,10 @@ def test_the_second_file_of_a_retried_batch_follows_the_same_rule(tmp_path: Path
     first_replay, second_replay = audits[2], audits[4]
     AuditParquetWriter(store).write(TOPIC, 0, 0, 9, audits[:10])
     batch = [*audits[10:20], first_replay, second_replay, *audits[20:30]]
-    real_put = store.put_once
-
-    def put_then_crash(key, data):
-        if key.startswith("manifests/"):
-            raise Crash()
-        return real_put(key, data)
-
-    store.put_once = put_then_crash
     for knows in ([first_replay, second_replay], []):  # a crash before the manifest, twice
         writer = AuditParquetWriter(store)
         writer.recent.remember(knows)
-        try:
-            writer.write(TOPIC, 0, 10, 31, batch)
-        except Crash:
-            pass
-    store.put_once = real_put
+        _crash_before_the_manifest(store, writer, 10, 31, batch)
     last = AuditParquetWriter(store)
     last.recent.remember([second_replay])
     last.write(TOPIC, 0, 10, 31, batch)
