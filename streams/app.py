@@ -40,7 +40,9 @@ acknowledged.
 Cost per event (``entroloop bench workers``): outputs and changelog records go straight to the
 producer (``producer.send``, lingering ``producer_linger_s`` to batch them), not through
 ``Topic.send`` and its per-message futures and sensors; ``on_watermark`` runs at most every
-``watermark_interval_s`` per processor (``WatermarkCadence``).
+``watermark_interval_s`` per processor (``WatermarkCadence``); Faust's per-record statistics and
+codec calls are trimmed (``faust_monitor``, ``faust_raw``) and its fetch loop's hand-over is run
+inline (``faust_drain``).
 
 Health: every ``health_interval`` seconds each worker publishes ``Health`` records with the
 consumer lag (log end offset minus committed offset) per assigned partition and the age of the
@@ -66,11 +68,13 @@ from typing import Any
 import faust
 from entroloop.streams.base import Processor
 from entroloop.streams.faust_drain import install_eager_drain
+from entroloop.streams.faust_monitor import LeanMonitor
 from entroloop.streams.faust_offsets import (
     REDELIVER_AFTER_S,
     guard_consumer_offsets,
     stalled_partition_check,
 )
+from entroloop.streams.faust_raw import RawBytesSchema
 from entroloop.streams.table_state import TableState, TableStateSpec
 
 from entroloop.contract.codec import CodecError, dead_letter_at, decode, encode
@@ -265,6 +269,8 @@ class StreamsApp:
             stream_buffer_maxsize=config.buffer_records,
             # Faust keeps little here (in-memory tables), but it must not litter the working folder.
             datadir=datadir,
+            # Faust's per-record statistics feed only its web UI (off): entroloop.streams.faust_monitor.
+            Monitor=LeanMonitor,
             **config.faust_options,
         )
         self.commits.track(self.app.consumer)
@@ -315,7 +321,8 @@ class StreamsApp:
     def _topic(self, name: str) -> Any:
         full = self.config.topic_prefix + name
         if full not in self._out_topics:
-            self._out_topics[full] = self.app.topic(full, value_serializer="raw", key_serializer="raw")
+            # bytes as fetched, without Faust's codec registry per record (entroloop.streams.faust_raw)
+            self._out_topics[full] = self.app.topic(full, schema=RawBytesSchema())
         return self._out_topics[full]
 
     def _add_agent(self, topic_name: str) -> None:

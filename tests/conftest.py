@@ -23,6 +23,7 @@ collect_ignore = [
     "unit/streams/test_streams_app.py",
     "unit/streams/test_faust_offsets.py",
     "unit/streams/test_faust_drain.py",
+    "unit/streams/test_faust_lean.py",
     "unit/streams/test_worker_bookkeeping.py",
 ] if IN_ML_ENV else []
 
