@@ -38,8 +38,9 @@ their changelog records (one per key per batch) handed to the producer before th
 acknowledged.
 
 Cost per event (``entroloop bench workers``): outputs and changelog records go straight to the
-producer (``producer.send``, lingering ``producer_linger_s`` to batch them), not through
-``Topic.send`` and its per-message futures and sensors; ``on_watermark`` runs at most every
+producer, one aiokafka batch per topic partition (``_produce``: no future per record; lingering
+``producer_linger_s`` to gather them), not through ``Topic.send`` and its per-message futures and
+sensors; ``on_watermark`` runs at most every
 ``watermark_interval_s`` per processor (``WatermarkCadence``); Faust's per-record statistics and
 codec calls are trimmed (``faust_monitor``, ``faust_raw``) and its fetch loop's hand-over is run
 inline (``faust_drain``).
@@ -298,6 +299,7 @@ class StreamsApp:
                 processor.state = state  # type: ignore[attr-defined]
                 self.table_states[id(processor)] = state
         self._out_topics: dict[str, Any] = {}
+        self._partitioned: set[str] = set()
         self._routes: dict[type[Event], list[Processor]] = defaultdict(list)
         for processor in self.processors:
             for record_type in processor.inputs:
@@ -453,12 +455,8 @@ class StreamsApp:
         and callback bookkeeping cost more than the processors themselves at fleet rates."""
         if not records:
             return
-        producer = self.app.producer
         prefix = self.config.topic_prefix
-        for record in records:
-            future = await producer.send(prefix + record.topic, record.request_id.encode(), encode(record),
-                                         partition=None, timestamp=None, headers=None)
-            future.add_done_callback(self._on_delivered)
+        await self._produce([(prefix + r.topic, r.request_id.encode(), encode(r), None) for r in records])
         self.counts["sent"] += len(records)
         for topic, n in Counter(record.topic for record in records).items():
             EVENTS_OUT.labels("worker", topic).inc(n)
@@ -472,12 +470,38 @@ class StreamsApp:
         records = state.drain(unsealed=False)
         if not records:
             return
-        producer = self.app.producer
         topic = state.table.changelog_topic.get_topic_name()
-        for partition, key, raw in records:
-            future = await producer.send(topic, key, raw, partition=partition, timestamp=None, headers=None)
-            future.add_done_callback(self._on_delivered)
+        await self._produce([(topic, key, raw, partition) for partition, key, raw in records])
         self.counts["changelog"] += len(records)
+
+    async def _produce(self, records: Sequence[tuple[str, bytes, bytes, int | None]]) -> None:
+        """Hand ``(topic, key, value, partition or None: by key)`` records to the producer, one
+        aiokafka batch per topic partition (in order), not one ``send`` (and future) per record.
+
+        Same producer, partitioner and delivery as ``producer.send`` (Faust flushes it before every
+        offset commit, batches included): a keyed record goes to ``key_partition``, the partition
+        ``send`` would choose. Its per-record future was the largest single cost left in the
+        worker's loop after the processors (``entroloop bench workers``, py-spy)."""
+        producer = self.app.producer
+        aio = producer._ensure_producer()  # the aiokafka producer Faust's ``send`` uses
+        groups: dict[tuple[str, int], list[tuple[bytes, bytes]]] = defaultdict(list)
+        for topic, key, value, partition in records:
+            if partition is None:
+                if topic not in self._partitioned:
+                    await aio.partitions_for(topic)  # the key's partition needs the topic's metadata
+                    self._partitioned.add(topic)
+                partition = producer.key_partition(topic, key).partition
+            groups[(topic, partition)].append((key, value))
+        for (topic, partition), rows in groups.items():
+            batch = aio.create_batch()
+            for key, value in rows:
+                if batch.append(key=key, value=value, timestamp=None) is None:  # full: send it, start the next
+                    future = await aio.send_batch(batch, topic, partition=partition)
+                    future.add_done_callback(self._on_delivered)
+                    batch = aio.create_batch()
+                    batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any first record
+            future = await aio.send_batch(batch, topic, partition=partition)
+            future.add_done_callback(self._on_delivered)
 
     def _on_delivered(self, future: Any) -> None:
         if not future.cancelled() and future.exception() is not None:
