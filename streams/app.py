@@ -40,10 +40,9 @@ acknowledged.
 Cost per event (``entroloop bench workers``): outputs and changelog records go straight to the
 producer, one aiokafka batch per topic partition (``_produce``: no future per record; lingering
 ``producer_linger_s`` to gather them), not through ``Topic.send`` and its per-message futures and
-sensors; ``on_watermark`` runs at most every
-``watermark_interval_s`` per processor (``WatermarkCadence``); Faust's per-record statistics and
-codec calls are trimmed (``faust_monitor``, ``faust_raw``) and its fetch loop's hand-over is run
-inline (``faust_drain``).
+sensors; ``on_watermark`` runs at most every ``watermark_interval_s`` per processor
+(``WatermarkCadence``); Faust's per-record statistics and codec calls are trimmed
+(``faust_monitor``, ``faust_raw``) and its fetch loop's hand-over is run inline (``faust_drain``).
 
 Health: every ``health_interval`` seconds each worker publishes ``Health`` records with the
 consumer lag (log end offset minus committed offset) per assigned partition and the age of the
@@ -299,7 +298,6 @@ class StreamsApp:
                 processor.state = state  # type: ignore[attr-defined]
                 self.table_states[id(processor)] = state
         self._out_topics: dict[str, Any] = {}
-        self._partitioned: set[str] = set()
         self._routes: dict[type[Event], list[Processor]] = defaultdict(list)
         for processor in self.processors:
             for record_type in processor.inputs:
@@ -484,12 +482,11 @@ class StreamsApp:
         worker's loop after the processors (``entroloop bench workers``, py-spy)."""
         producer = self.app.producer
         aio = producer._ensure_producer()  # the aiokafka producer Faust's ``send`` uses
+        for topic in {topic for topic, _, _, partition in records if partition is None}:
+            await aio.partitions_for(topic)  # a key's partition needs the topic's metadata (cached after the first)
         groups: dict[tuple[str, int], list[tuple[bytes, bytes]]] = defaultdict(list)
         for topic, key, value, partition in records:
             if partition is None:
-                if topic not in self._partitioned:
-                    await aio.partitions_for(topic)  # the key's partition needs the topic's metadata
-                    self._partitioned.add(topic)
                 partition = producer.key_partition(topic, key).partition
             groups[(topic, partition)].append((key, value))
         for (topic, partition), rows in groups.items():

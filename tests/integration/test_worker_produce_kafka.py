@@ -11,20 +11,14 @@ from collections import defaultdict
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from entroloop.streams.app import StreamsApp, StreamsConfig
 
+from entroloop.infra.kafka_topics import create_missing_topics
 from tests.unit.streams.test_streams_app import Echo
 
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 6
-
-
-def _create(bootstrap: str, names: list[str]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names]).values():
-        future.result(30)
 
 
 def _read_all(bootstrap: str, topic: str, expected: int) -> list[tuple[int, bytes, bytes]]:
@@ -55,7 +49,7 @@ def _murmur2_partitions(bootstrap: str, topic: str, keys: list[bytes]) -> dict[b
 def test_batched_produce_delivers_everything_in_partition_order_on_the_per_record_partitions(
         kafka_bootstrap: str, topic_prefix: str) -> None:
     outputs, changelog, control = (topic_prefix + name for name in ("outputs", "changelog", "control"))
-    _create(kafka_bootstrap, [outputs, changelog, control])
+    create_missing_topics(kafka_bootstrap, {name: (PARTITIONS, {}) for name in (outputs, changelog, control)})
     streams = StreamsApp(StreamsConfig(bootstrap=kafka_bootstrap, topic_prefix=topic_prefix), [Echo()])
     keys = [f"req-{i}".encode() for i in range(60)]
     keyed = [(outputs, keys[i % len(keys)], f"{i}".encode(), None) for i in range(3000)]
