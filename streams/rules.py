@@ -139,15 +139,42 @@ _MONTHS = {
     for name in names
 }
 _MONTH_NAME = r"(?P<mname>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+# What each date form cannot match without, checked once on the text before any blanking (blanking
+# turns characters into spaces, so it never creates one): a form whose hint is absent is skipped.
+# Most answers hold digits and no date, and a hint costs a fraction of a form's pattern.
+_NUMERIC_DATE_HINT = re.compile(r"\d[-/.]\d").search
+_MONTH_PREFIXES = tuple(sorted({name[:3] for name in _MONTHS}))
+
+
+def _has_month_prefix(text: str) -> bool:
+    # casefold(), not lower(): every character the patterns' IGNORECASE takes for a letter of these
+    # prefixes (ſ for s) folds to that letter; three times faster than one case-insensitive search.
+    folded = text.casefold()
+    return any(prefix in folded for prefix in _MONTH_PREFIXES)
+
+
+# The patterns match month names case-insensitively, which in Unicode also admits ſ for s, and ı
+# and İ for i: a plain lower() of such a match is no key of _MONTHS (a KeyError on one answer).
+_DOTTED_I = str.maketrans({"ı": "i", "İ": "i"})
+
+
+def _month_number(name: str) -> int:
+    return _MONTHS[name.translate(_DOTTED_I).casefold()]
+
+
+def _has_yue(text: str) -> bool:
+    return "月" in text
+
+
 # Most specific first: each match is blanked before the next pattern runs, so 2024年3月5日 is one
-# date, not also a year-less 3月5日. Year 0 means "no year written".
+# date, not also a year-less 3月5日. Year 0 means "no year written". Each form with its hint.
 _DATE_PATTERNS = (
-    re.compile(r"(?<!\d)(?P<y>\d{4})[-/.](?P<m>\d{1,2})[-/.](?P<d>\d{1,2})(?!\d)"),
-    re.compile(r"(?P<y>\d{4})\s*年\s*(?P<m>\d{1,2})\s*月\s*(?P<d>\d{1,2})\s*[日号]"),
-    re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?,?\s+(?P<y>\d{{4}})\b", re.IGNORECASE),
-    re.compile(rf"\b(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH_NAME}\s+(?P<y>\d{{4}})\b", re.IGNORECASE),
-    re.compile(r"(?<![\d年])(?P<m>\d{1,2})\s*月\s*(?P<d>\d{1,2})\s*[日号]"),
-    re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\b(?!\s*[,:]?\s*\d{{4}})", re.IGNORECASE),
+    (_NUMERIC_DATE_HINT, re.compile(r"(?<!\d)(?P<y>\d{4})[-/.](?P<m>\d{1,2})[-/.](?P<d>\d{1,2})(?!\d)")),
+    (_has_yue, re.compile(r"(?P<y>\d{4})\s*年\s*(?P<m>\d{1,2})\s*月\s*(?P<d>\d{1,2})\s*[日号]")),
+    (_has_month_prefix, re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?,?\s+(?P<y>\d{{4}})\b", re.IGNORECASE)),
+    (_has_month_prefix, re.compile(rf"\b(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH_NAME}\s+(?P<y>\d{{4}})\b", re.IGNORECASE)),
+    (_has_yue, re.compile(r"(?<![\d年])(?P<m>\d{1,2})\s*月\s*(?P<d>\d{1,2})\s*[日号]")),
+    (_has_month_prefix, re.compile(rf"\b{_MONTH_NAME}\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\b(?!\s*[,:]?\s*\d{{4}})", re.IGNORECASE)),
 )
 
 
@@ -173,11 +200,16 @@ def _date_spans(text: str) -> tuple[tuple[int, int, tuple[int, int, int]], ...]:
         return ()
     found = []
     blanked = text
-    for pattern in _DATE_PATTERNS:
+    hinted: dict[Any, Any] = {}  # hint -> whether the text has it (forms share hints)
+    for hint, pattern in _DATE_PATTERNS:
+        if hint not in hinted:
+            hinted[hint] = hint(text)
+        if not hinted[hint]:
+            continue
         matches = list(pattern.finditer(blanked))
         for m in matches:
             groups = m.groupdict()
-            month = _MONTHS[groups["mname"].lower()] if groups.get("mname") else int(groups["m"])
+            month = _month_number(groups["mname"]) if groups.get("mname") else int(groups["m"])
             year = int(groups["y"]) if groups.get("y") else 0
             found.append((m.start(), m.end(), (year, month, int(groups["d"]))))
         if matches:
