@@ -13,7 +13,10 @@ Delivery is at-least-once (``processing_guarantee="at_least_once"``; Faust's exa
 open loss and duplication bugs, see DESIGN.md). An input offset is acknowledged only after the
 processor ran and its outputs were handed to the producer, and Faust flushes the producer before
 every offset commit, so a crash re-processes instead of losing; derived records carry
-deterministic ids (``entroloop.streams.base.derive``), so the sinks absorb the repeats.
+deterministic ids (``entroloop.streams.base.derive``), so the sinks absorb the repeats. A flush can
+end in a refusal, after which Faust would commit anyway: ``entroloop.streams.faust_delivery`` then
+commits nothing more and stops the worker, and an output no broker would take (over the producer's
+request size) is replaced by a dead letter before it is sent.
 
 Guard against faust-streaming issue 606: with ``concurrency > 1`` Faust can commit an offset past
 an event that is still being processed (``Consumer._new_offset`` treats a one-offset hole at the
@@ -66,7 +69,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-from entroloop.streams.base import Processor
+from entroloop.streams.base import Processor, derive
+from entroloop.streams.faust_delivery import DeliveryGuard
 from entroloop.streams.faust_drain import install_eager_drain
 from entroloop.streams.faust_monitor import LeanMonitor
 from entroloop.streams.faust_offsets import (
@@ -77,7 +81,14 @@ from entroloop.streams.faust_offsets import (
 from entroloop.streams.faust_raw import RawBytesSchema
 from entroloop.streams.table_state import TableState, TableStateSpec
 
-from entroloop.contract.codec import CodecError, dead_letter_at, decode, encode
+from entroloop.contract.codec import (
+    CodecError,
+    RecordTooLarge,
+    dead_letter_at,
+    decode,
+    encode,
+    failure_fields,
+)
 from entroloop.contract.ids import NodeStamper
 from entroloop.contract.records import DeadLetter, Event, Health
 from entroloop.contract.settings import Settings
@@ -308,6 +319,9 @@ class StreamsApp:
         # Faust's rebalance race can commit past records never processed (entroloop.streams.faust_offsets).
         self._guarded_topics = frozenset(config.topic_prefix + name for name in self.input_topics)
         guard_consumer_offsets(self.app.consumer, self._guarded_topics)
+        # ... and commits nothing past an output batch the broker refused (entroloop.streams.faust_delivery).
+        self.deliveries = DeliveryGuard()
+        self.deliveries.guard_commit(self.app.consumer, self.app.crash)
         stalled = stalled_partition_check(self.app.consumer, self._guarded_topics)
 
         async def seek_back_stalled_partitions() -> None:
@@ -454,7 +468,18 @@ class StreamsApp:
         if not records:
             return
         prefix = self.config.topic_prefix
-        await self._produce([(prefix + r.topic, r.request_id.encode(), encode(r), None) for r in records])
+        limit = self.app.conf.producer_max_request_size
+        sent: list[Event] = []
+        rows = []
+        for record in records:
+            value = encode(record)
+            if len(value) > limit:  # the broker would refuse it for good: a dead letter says why
+                record = self.oversized_output(record, value, limit)
+                value = encode(record)
+            sent.append(record)
+            rows.append((prefix + record.topic, record.request_id.encode(), value, None))
+        records = sent
+        await self._produce(rows)
         self.counts["sent"] += len(records)
         for topic, n in Counter(record.topic for record in records).items():
             EVENTS_OUT.labels("worker", topic).inc(n)
@@ -493,17 +518,33 @@ class StreamsApp:
             batch = aio.create_batch()
             for key, value in rows:
                 if batch.append(key=key, value=value, timestamp=None) is None:  # full: send it, start the next
-                    future = await aio.send_batch(batch, topic, partition=partition)
-                    future.add_done_callback(self._on_delivered)
+                    await self._send_batch(aio, batch, topic, partition)
                     batch = aio.create_batch()
                     batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any first record
-            future = await aio.send_batch(batch, topic, partition=partition)
-            future.add_done_callback(self._on_delivered)
+            await self._send_batch(aio, batch, topic, partition)
+
+    async def _send_batch(self, aio: Any, batch: Any, topic: str, partition: int) -> None:
+        future = await aio.send_batch(batch, topic, partition=partition)
+        future.add_done_callback(self._on_delivered)
+        self.deliveries.track(future)  # a refusal stops the offset commits (entroloop.streams.faust_delivery)
 
     def _on_delivered(self, future: Any) -> None:
         if not future.cancelled() and future.exception() is not None:
             self.counts["send_errors"] += 1
             log.error("an output record was not delivered: %r", future.exception())
+
+    def oversized_output(self, record: Event, value: bytes, limit: int) -> DeadLetter:
+        """The dead letter that takes the place of an output over the producer's request size
+        (``producer_max_request_size``): no broker would take it, and a refusal would stop the
+        commits for good. It keeps the output's first bytes, size and SHA-256; the output itself
+        can be derived again from its inputs, which stay in Kafka and the audit log."""
+        self.counts["oversized_outputs"] += 1
+        self.counts["dead_letters"] += 1
+        reason = (f"a {type(record).__name__} output of {len(value)} bytes exceeds the producer's request size "
+                  f"of {limit} bytes (and the broker's message.max.bytes default); not sent")
+        log.error("worker: %s (request %s)", reason, record.request_id[:200])
+        return derive(record, DeadLetter, 0, "oversized_output", source_topic=record.topic, source_partition=0,
+                      source_offset=0, **failure_fields(reason, RecordTooLarge.error_type, value))
 
     def dead_letter(
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes, err: CodecError

@@ -84,3 +84,41 @@ def test_batched_produce_delivers_everything_in_partition_order_on_the_per_recor
 
     states = _read_all(kafka_bootstrap, changelog, len(explicit))
     assert [(p, v[0], len(v)) for p, _, v in states] == [(4, i, 300_000) for i in range(12)]
+
+
+def test_an_output_over_the_request_size_becomes_a_dead_letter_and_the_rest_is_delivered(
+        kafka_bootstrap: str, topic_prefix: str) -> None:
+    """A bad case joins an answer and a correction of up to a record's limit each, so an output can
+    outgrow what any broker takes; sent, its refusal would stop the commits for good."""
+    from entroloop.contract.codec import decode, encode
+    from entroloop.contract.ids import NodeStamper
+    from entroloop.contract.records import Alert, DeadLetter
+
+    alerts, dead = topic_prefix + Alert.topic, topic_prefix + DeadLetter.topic
+    create_missing_topics(kafka_bootstrap, {name: (PARTITIONS, {}) for name in (alerts, dead)})
+    streams = StreamsApp(StreamsConfig(bootstrap=kafka_bootstrap, topic_prefix=topic_prefix), [Echo()])
+    limit = streams.app.conf.producer_max_request_size
+    stamper = NodeStamper("node-big")
+    small = Alert(**stamper.stamp(), request_id="small", alert_key="small", rule="echo")
+    # over the producer's limit and the broker's message.max.bytes default (1,048,588): sent, it is refused
+    big = Alert(**stamper.stamp(), request_id="big", alert_key="big", rule="echo", detail="x" * (max(limit, 1_048_588) + 10))
+    big_bytes = encode(big)
+
+    async def main() -> None:
+        producer = streams.app.producer
+        await producer.start()
+        try:
+            await streams._send_all([small, big])
+            await producer.flush()
+        finally:
+            await producer._ensure_producer().stop()
+
+    asyncio.run(main())
+    assert streams.counts["send_errors"] == 0 and streams.deliveries.check() is None
+    assert streams.counts["oversized_outputs"] == 1
+    assert [decode(v).request_id for _, _, v in _read_all(kafka_bootstrap, alerts, 1)] == ["small"]
+    [(_, key, value)] = _read_all(kafka_bootstrap, dead, 1)
+    letter = decode(value)
+    assert isinstance(letter, DeadLetter) and key == b"big" and letter.error_type == "too_large"
+    assert letter.payload_size == len(big_bytes) and letter.payload == big_bytes[:4096]
+    assert letter.source_topic == Alert.topic and str(limit) in letter.reason
