@@ -524,7 +524,11 @@ class StreamsApp:
             await self._send_batch(aio, batch, topic, partition)
 
     async def _send_batch(self, aio: Any, batch: Any, topic: str, partition: int) -> None:
-        future = await aio.send_batch(batch, topic, partition=partition)
+        try:
+            future = await aio.send_batch(batch, topic, partition=partition)
+        except Exception as exc:
+            self.deliveries.fail(exc)  # Faust acknowledges the batch even so: the guard stops the commits
+            raise
         future.add_done_callback(self._on_delivered)
         self.deliveries.track(future)  # a refusal stops the offset commits (entroloop.streams.faust_delivery)
 

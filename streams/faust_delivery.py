@@ -6,13 +6,16 @@ The worker hands its outputs and changelog records to the producer in batches
 for every batch to be answered, but an answer can be a refusal: a broker down for longer than the
 producer's delivery timeout, a topic whose ``max.message.bytes`` is below a record, an ACL. Faust
 then commits anyway, and the inputs behind the refused outputs are never processed again: the
-outputs are lost, with only a log line.
+outputs are lost, with only a log line. A hand-over that raises (aiokafka's ``KafkaTimeoutError``
+when its buffer stays full through a long outage) leaves the agent, and Faust acknowledges the
+batch in a ``finally``: the same loss, without even a future.
 
-``DeliveryGuard`` keeps each batch's delivery future and wraps the consumer's commit: once any
-batch has failed, this process commits nothing again and asks the app to crash, so the worker exits
-with an error and a restarted one (the supervisor's job) re-reads from the last commit. Outputs
-whose inputs were committed had been delivered (their futures were answered before that commit),
-so redelivery covers exactly what may be missing; derived event ids make the repeats idempotent.
+``DeliveryGuard`` keeps each batch's delivery future (and any hand-over that raised) and wraps the
+consumer's commit: once any batch has failed, this process commits nothing again and asks the app
+to crash, so the worker exits with an error and a restarted one (the supervisor's job) re-reads
+from the last commit. Outputs whose inputs were committed had been delivered (their futures were
+answered before that commit), so redelivery covers exactly what may be missing; derived event ids
+make the repeats idempotent.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ class DeliveryGuard:
 
     def track(self, future: asyncio.Future[Any]) -> None:
         self._pending.append(future)
+
+    def fail(self, exc: BaseException) -> None:
+        """A batch that could not even be handed over (the producer's buffer stayed full past its
+        timeout during an outage): its records are in no future, so the failure is noted here."""
+        if self.failure is None:
+            self.failure = exc
 
     def check(self) -> BaseException | None:
         """The first failed delivery, if any batch answered so far failed (then forever after);

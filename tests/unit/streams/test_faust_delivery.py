@@ -57,3 +57,17 @@ def test_a_cancelled_batch_counts_as_undelivered() -> None:
         return guard.check()
 
     assert isinstance(asyncio.run(main()), asyncio.CancelledError)
+
+
+def test_a_hand_over_that_raised_stops_the_commits() -> None:
+    async def main() -> tuple[bool, list]:
+        guard, consumer = DeliveryGuard(), FakeConsumer()
+
+        async def on_failure(exc: BaseException) -> None:
+            pass
+
+        guard.guard_commit(consumer, on_failure)
+        guard.fail(TimeoutError("KafkaTimeoutError: buffer full"))
+        return await consumer._commit({"tp": 1}), consumer.committed
+
+    assert asyncio.run(main()) == (False, [])
