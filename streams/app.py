@@ -101,6 +101,7 @@ from entroloop.infra.metrics import (
     EVENTS_OUT,
     LAST_COMMIT,
     TABLE_ENTRIES,
+    TABLE_EVICTED,
 )
 
 log = logging.getLogger(__name__)
@@ -295,6 +296,7 @@ class StreamsApp:
             for p in self.processors
         }
         self.table_states: dict[int, TableState[Any]] = {}
+        self._evicted_counted: dict[int, int] = {}  # per processor: evictions already added to TABLE_EVICTED
         self._watermarks = {id(p): WatermarkCadence(config.watermark_interval_s) for p in self.processors}
         for processor in self.processors:
             spec: TableStateSpec[Any] | None = getattr(processor, "table_state", None)
@@ -574,12 +576,22 @@ class StreamsApp:
                 labels={"app": self.app.conf.id},
             )
         ]
-        for state in self.table_states.values():
+        for processor in self.processors:
+            state = self.table_states.get(id(processor))
+            if state is None:
+                continue
             entries = len(state)
             TABLE_ENTRIES.labels("worker", state.spec.name).set(entries)
             records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
                                   metric="table_entries", value=float(entries),
                                   labels={"app": self.app.conf.id, "table": state.spec.name}))
+            evicted = getattr(processor, "evicted", None)  # keys dropped to keep the table under its bound
+            if evicted is not None:
+                TABLE_EVICTED.labels("worker", state.spec.name).inc(evicted - self._evicted_counted.get(id(processor), 0))
+                self._evicted_counted[id(processor)] = evicted
+                records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
+                                      metric="table_evicted", value=float(evicted),
+                                      labels={"app": self.app.conf.id, "table": state.spec.name}))
         prefix = self.config.topic_prefix
         for tp in sorted(consumer.assignment(), key=lambda t: (t.topic, t.partition)):
             if tp.topic.removeprefix(prefix) not in self.input_topics:

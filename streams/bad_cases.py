@@ -22,6 +22,11 @@ joiner keeps an index of entries by ``last_seen`` (``ExpiryIndex``, a heap) and 
 Entries that reach ``state`` without passing through ``process`` (recovered from the changelog
 after a restart or a rebalance) are indexed by a full scan when the state's size no longer matches
 the index, and at least once per ``ttl_s`` of event time whatever the size says.
+
+Every audit enters the state, and most are never corrected, so the TTL alone lets it grow with
+all traffic (a week of prompts and answers in memory, in the changelog, and replayed by a
+restarted worker). ``max_requests`` bounds it: above it, each watermark drops the longest-idle
+requests first and counts them in ``evicted``.
 """
 
 from __future__ import annotations
@@ -113,10 +118,17 @@ class ExpiryIndex:
 
     def expired(self, horizon: float) -> list[str]:
         """Remove and return every key last seen before ``horizon``, oldest first."""
+        return self._pop(horizon, len(self._current))
+
+    def oldest(self, count: int) -> list[str]:
+        """Remove and return the ``count`` keys last seen longest ago, oldest first."""
+        return self._pop(float("inf"), count)
+
+    def _pop(self, horizon: float, count: int) -> list[str]:
         heap, current, out = self._heap, self._current, []
-        while heap and heap[0][0] < horizon:
+        while heap and heap[0][0] < horizon and len(out) < count:
             last_seen, key = heapq.heappop(heap)
-            if current.get(key) == last_seen:
+            if current.get(key) == last_seen:  # else superseded by a later touch, or discarded
                 del current[key]
                 out.append(key)
         return out
@@ -286,6 +298,7 @@ class BadCaseJoiner(Processor):
         negative_rating: int = NEGATIVE_RATING,
         state: MutableMapping[str, JoinEntry] | None = None,
         redactor: PiiRedactor | None = None,
+        max_requests: int = 200_000,
     ) -> None:
         self.rules = rules or ResponseRules()
         # The user's correction and comment are free text that reaches the join state (a changelog
@@ -294,6 +307,10 @@ class BadCaseJoiner(Processor):
         # None: a random per-process key (tests, demos); from_settings uses ENTROLOOP_PII_HASH_KEY.
         self.redactor = redactor if redactor is not None else PiiRedactor(None)
         self.ttl_s = ttl_s
+        # Every audit waits here for a correction that mostly never comes: without a bound the state
+        # (and its changelog, and a restart's recovery) grows with all traffic for ``ttl_s``.
+        self.max_requests = max_requests
+        self.evicted = 0  # requests dropped for the bound (reported as the table_evicted health metric)
         self.regression_confidence = regression_confidence
         self.negative_rating = negative_rating
         # request_id -> JoinEntry. A Faust table (with changelog) can stand in for this dict: every
@@ -311,6 +328,7 @@ class BadCaseJoiner(Processor):
             # The deployment's compliance lexicon and patterns, the same the per-response rules use.
             rules=rules or ResponseRules.from_settings(settings),
             ttl_s=settings.badcase_join_ttl_s,
+            max_requests=settings.badcase_join_max_requests,
             regression_confidence=settings.badcase_regression_confidence,
             negative_rating=settings.badcase_negative_rating,
             # Without the key it still redacts, but its pseudonyms differ from the gateway's: warn.
@@ -425,7 +443,9 @@ class BadCaseJoiner(Processor):
 
     def on_watermark(self, event_time: float) -> list[Event]:
         """Forget requests idle for ``ttl_s`` of event time (a feedback that never met its audit
-        is counted in ``expired_unjoined``). Only the expired entries are read (``ExpiryIndex``)."""
+        is counted in ``expired_unjoined``), then, above ``max_requests``, the longest idle (counted
+        in ``evicted``; a correction of such an answer waits for an audit that does not come, until
+        its TTL). Only the entries dropped are read (``ExpiryIndex``)."""
         horizon = event_time - self.ttl_s
         if len(self._expiry) != len(self.state) or self._full_scan_due is None or event_time >= self._full_scan_due:
             self._expiry.reset((rid, entry.last_seen) for rid, entry in self.state.items())
@@ -439,6 +459,14 @@ class BadCaseJoiner(Processor):
                 continue
             del self.state[rid]
             self.expired_unjoined += len(entry.waiting_feedback)
+        excess = len(self.state) - self.max_requests
+        if excess > 0:
+            for rid in self._expiry.oldest(excess):
+                entry = self.state.get(rid)
+                if entry is not None:
+                    del self.state[rid]
+                    self.evicted += 1
+                    self.expired_unjoined += len(entry.waiting_feedback)
         return []
 
 

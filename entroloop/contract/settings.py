@@ -271,6 +271,13 @@ class Settings(BaseSettings):
     badcase_join_ttl_s: float = Field(
         7 * 86_400, gt=0, description="How long an audit or feedback waits (event time) for its join partner."
     )
+    badcase_join_max_requests: int = Field(
+        200_000, ge=1, description="Requests the bad-case join keeps per processor (every audit waits there for a "
+        "correction, so the state grows with all traffic): above it the longest-idle are dropped first, "
+        "counted in the worker's `table_evicted` health metric. Each holds an audit's prompt and answer "
+        "(a few KB in memory and in its changelog); raise it with the worker's memory, or run more workers, "
+        "when corrections arrive later than this many requests.",
+    )
     badcase_regression_confidence: float = Field(
         0.8, ge=0, le=1, description="Bad cases at or above this confidence join the regression suite."
     )
