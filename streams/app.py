@@ -471,16 +471,16 @@ class StreamsApp:
             return
         prefix = self.config.topic_prefix
         limit = self.app.conf.producer_max_request_size
-        sent: list[Event] = []
         rows = []
-        for record in records:
+        swapped: dict[int, Event] = {}  # index -> the dead letter sent instead (rare)
+        for i, record in enumerate(records):
             value = encode(record)
             if len(value) > limit:  # the broker would refuse it for good: a dead letter says why
-                record = self.oversized_output(record, value, limit)
+                record = swapped[i] = self.oversized_output(record, value, limit)
                 value = encode(record)
-            sent.append(record)
             rows.append((prefix + record.topic, record.request_id.encode(), value, None))
-        records = sent
+        if swapped:  # count what was sent
+            records = [swapped.get(i, record) for i, record in enumerate(records)]
         await self._produce(rows)
         self.counts["sent"] += len(records)
         for topic, n in Counter(record.topic for record in records).items():

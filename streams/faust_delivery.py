@@ -65,14 +65,15 @@ class DeliveryGuard:
         """Wrap ``consumer._commit`` (called by Faust after it flushed the producer): with a failed
         delivery it commits nothing and schedules ``on_failure(exc)`` once."""
         faust_commit = consumer._commit
-        reported: list[BaseException] = []
+        reported = False
 
         async def commit_if_delivered(offsets: Any) -> bool:
+            nonlocal reported
             failure = self.check()
             if failure is None:
                 return await faust_commit(offsets)
             if not reported:
-                reported.append(failure)
+                reported = True
                 log.error("an output batch was refused (%r): no offset is committed past it; the worker "
                           "stops so that a restarted one processes those inputs again", failure)
                 asyncio.ensure_future(on_failure(failure))

@@ -200,10 +200,10 @@ def _date_spans(text: str) -> tuple[tuple[int, int, tuple[int, int, int]], ...]:
         return ()
     found = []
     blanked = text
-    hinted: dict[Any, Any] = {}  # hint -> whether the text has it (forms share hints)
+    hinted: dict[Callable[[str], object], bool] = {}  # hint -> whether the text has it (forms share hints)
     for hint, pattern in _DATE_PATTERNS:
         if hint not in hinted:
-            hinted[hint] = hint(text)
+            hinted[hint] = bool(hint(text))
         if not hinted[hint]:
             continue
         matches = list(pattern.finditer(blanked))
