@@ -43,15 +43,26 @@ class CountingState(dict):  # type: ignore[type-arg]
         return super().get(key, default)
 
 
-def test_the_index_yields_keys_last_seen_before_the_horizon_oldest_first_once() -> None:
+def _touched_index() -> ExpiryIndex:
     index = ExpiryIndex()
     for key, at in [("a", 5.0), ("b", 1.0), ("c", 3.0), ("d", 9.0)]:
         index.touch(key, at)
     index.touch("b", 8.0)  # seen again: its old time no longer counts
     index.discard("c")
+    return index
+
+
+def test_the_index_yields_keys_last_seen_before_the_horizon_oldest_first_once() -> None:
+    index = _touched_index()
     assert index.expired(6.0) == ["a"]
     assert index.expired(6.0) == []
     assert index.expired(100.0) == ["b", "d"] and len(index) == 0
+
+
+def test_oldest_yields_the_longest_idle_keys_first_and_skips_superseded_times() -> None:
+    index = _touched_index()
+    assert index.oldest(2) == ["a", "b"]
+    assert index.oldest(5) == ["d"] and len(index) == 0
 
 
 def test_superseded_heap_entries_do_not_pile_up() -> None:

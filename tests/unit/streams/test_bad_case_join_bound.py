@@ -4,7 +4,7 @@ watermark drops the longest-idle requests first, counted; what stays joins as be
 
 from __future__ import annotations
 
-from entroloop.streams.bad_cases import BadCaseJoiner, ExpiryIndex
+from entroloop.streams.bad_cases import BadCaseJoiner
 
 from entroloop.contract.records import BadCase
 from entroloop.contract.settings import Settings
@@ -12,16 +12,6 @@ from entroloop.contract.settings import Settings
 from .analytics_records import audit, feedback
 
 RESPONSE, CORRECTION = "余额为100.00元", "余额为150.00元"
-
-
-def test_oldest_yields_the_longest_idle_keys_first_and_skips_superseded_times() -> None:
-    index = ExpiryIndex()
-    for key, at in [("a", 5.0), ("b", 1.0), ("c", 3.0), ("d", 9.0)]:
-        index.touch(key, at)
-    index.touch("b", 8.0)  # seen again: its old time no longer counts
-    index.discard("c")
-    assert index.oldest(2) == ["a", "b"]
-    assert index.oldest(5) == ["d"] and len(index) == 0
 
 
 def test_above_the_bound_the_longest_idle_requests_are_dropped_and_counted() -> None:
