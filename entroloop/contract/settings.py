@@ -275,7 +275,7 @@ class Settings(BaseSettings):
         200_000, ge=1, description="Requests the bad-case join keeps per processor (every audit waits there for a "
         "correction, so the state grows with all traffic): above it the longest-idle are dropped first, "
         "counted in the worker's `table_evicted` health metric. Each holds an audit's prompt and answer "
-        "(a few KB in memory and in its changelog); raise it with the worker's memory, or run more workers, "
+        "(3.3 KB of worker memory for the synthetic fleet's short answers, more for real chats); raise it with the worker's memory, or run more workers, "
         "when corrections arrive later than this many requests.",
     )
     badcase_regression_confidence: float = Field(
