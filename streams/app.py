@@ -310,7 +310,7 @@ class StreamsApp:
                 state: TableState[Any] = TableState(table, spec)
                 processor.state = state  # type: ignore[attr-defined]
                 self.table_states[id(processor)] = state
-        self._out_topics: dict[str, Any] = {}
+        self._faust_topics: dict[str, Any] = {}  # prefixed name -> Faust topic (the agents read them)
         self._routes: dict[type[Event], list[Processor]] = defaultdict(list)
         for processor in self.processors:
             for record_type in processor.inputs:
@@ -336,10 +336,10 @@ class StreamsApp:
     # --- wiring --------------------------------------------------------------------------------
     def _topic(self, name: str) -> Any:
         full = self.config.topic_prefix + name
-        if full not in self._out_topics:
+        if full not in self._faust_topics:
             # bytes as fetched, without Faust's codec registry per record (entroloop.streams.faust_raw)
-            self._out_topics[full] = self.app.topic(full, schema=RawBytesSchema())
-        return self._out_topics[full]
+            self._faust_topics[full] = self.app.topic(full, schema=RawBytesSchema())
+        return self._faust_topics[full]
 
     def _add_agent(self, topic_name: str) -> None:
         source = self._topic(topic_name)
