@@ -8,10 +8,13 @@ sink drops any record whose ``event_id`` it stored within its last ``capacity`` 
 repeats inside one batch. Ids are remembered only after the durable write returned, so a failed
 write that is retried carries the same records (and so the same bytes and token) again.
 
-The memory is per process: a copy arriving after a sink restart, or more than ``capacity`` ids
-later, still lands as a second raw row, which ClickHouse's ReplacingMergeTree collapses on merge
-(exact queries use ``FINAL``). 200,000 ids are about 30 MB and cover a spool replay of minutes at
-fleet rates.
+The memory is per process. A starting ClickHouse sink reads back what its tables stored in the
+last minutes, with each row's insert token (``ClickHouseSink.stored_before_start``), so a copy
+arriving right after a restart is dropped too; the audit writer starts empty (a copy that comes
+right after its restart is a second row in the write-once log). A copy more than ``capacity`` ids
+later (or past the read-back window) still lands as a second raw row, which ClickHouse's
+ReplacingMergeTree collapses on merge (exact queries use ``FINAL``). 200,000 ids are about 30 MB and
+cover a spool replay of minutes at fleet rates.
 """
 
 from __future__ import annotations

@@ -4,9 +4,15 @@ Idempotency has two layers. Each insert carries ``insert_deduplication_token`` =
 ``topic/partition/first-last`` offsets, so a batch redelivered after a crash between insert and
 offset commit is dropped by ClickHouse (tables set ``non_replicated_deduplication_window``).
 An event that arrives again at another offset (a publisher's spool replay after an ambiguous
-delivery timeout) is dropped by ``entroloop.sinks.recent_ids.RecentEventIds`` before the insert. Behind
-both, every table is a ReplacingMergeTree keyed on ``event_id``, so a copy that slips past them
-(after a sink restart) still ends as one row on merge (exact counts use ``FINAL``).
+delivery timeout) is dropped by ``entroloop.sinks.recent_ids.RecentEventIds`` before the insert.
+That memory dies with the process, so a starting sink reads back the ids its tables stored in the
+last ``SEED_WINDOW_S`` seconds with the token each was inserted under (migration 0010's
+``insert_token``): one stored by another batch is a copy and is dropped too; one stored by this
+same batch (a redelivery after a crash) is not, because ClickHouse's token check must decide it (an
+insert torn between the raw table and its rollup views is then completed, not skipped). Behind all
+of them, every table is a ReplacingMergeTree keyed on ``event_id``, so a copy that slips past them
+(outside the window) still ends as one row on merge (exact counts use ``FINAL``; the rollups count
+it twice).
 
 A batch that ClickHouse refuses because of one record is bisected (``entroloop.sinks.clickhouse.poison``):
 the good records are inserted under tokens derived from the batch's, and each record refused on
@@ -28,8 +34,14 @@ from entroloop.sinks.recent_ids import RecentEventIds
 
 from entroloop.contract.records import Event
 from entroloop.contract.topics import TOPIC_BY_NAME
-from entroloop.infra.clickhouse.schema import migrate
+from entroloop.infra.clickhouse.schema import applied_migrations, migrate
 from entroloop.infra.quarantine import Quarantine, strip_payloads
+
+SEED_WINDOW_S = 600.0
+"""A starting sink remembers the events its tables stored in this many seconds before it (the newest
+``RecentEventIds`` capacity of them): a spool replay comes within minutes of the delivery it repeats."""
+EVENT_TABLES = tuple(sorted({topic.table for topic in TOPIC_BY_NAME.values()}))
+_INSERT_TOKEN_MIGRATION = 10  # the event tables' insert_token column and inserted_at index
 
 # on_poison(index, record, reason): ``records[index]`` of an insert was refused on its own
 OnPoison = Callable[[int, Event, str], None]
@@ -68,7 +80,7 @@ class ClickHouseSink:
     isolates_poison = True
 
     def __init__(self, client: Any, database: str = "entroloop", apply_migrations: bool = True,
-                 quarantine: Quarantine | None = None) -> None:
+                 quarantine: Quarantine | None = None, seed_window_s: float = SEED_WINDOW_S) -> None:
         self.client = client
         self.database = database
         # dead letters' raw bytes go here, never into dead_letters (analysts can query that table)
@@ -80,9 +92,37 @@ class ClickHouseSink:
         self.inserts = 0
         self.poison_records = 0  # records refused on their own and handed to on_poison
         self.recent = RecentEventIds()  # event ids are unique across tables: one memory serves all
+        # event id -> insert token, of what the tables stored lately before this process started
+        self.stored_before_start: dict[str, str] = {}
+        if seed_window_s > 0 and _INSERT_TOKEN_MIGRATION in applied_migrations(client, database):
+            self.stored_before_start = self.stored_since(seed_window_s, self.recent.capacity)
         # where a sink's time goes (bench, metrics): wall-clock and CPU seconds per stage
         self.stage_seconds = {"arrow": 0.0, "insert": 0.0}
         self.stage_cpu_seconds = {"arrow": 0.0, "insert": 0.0}
+
+    def stored_since(self, seconds: float, limit: int) -> dict[str, str]:
+        """Event id -> insert token of the rows the event tables received in the last ``seconds``
+        (``inserted_at``), the newest ``limit``. One query; migration 0010's index on inserted_at
+        keeps it to the granules written lately."""
+        union = " UNION ALL ".join(
+            f"SELECT event_id, insert_token, inserted_at FROM {self.database}.{table} "
+            f"WHERE inserted_at >= now64(3) - toIntervalMillisecond({int(seconds * 1000)})"
+            for table in EVENT_TABLES)
+        rows = self.client.query(f"SELECT toString(event_id), insert_token FROM ({union}) "
+                                 f"ORDER BY inserted_at DESC LIMIT {int(limit)}").result_rows
+        return {event_id: token for event_id, token in rows}
+
+    def _stored_by_another_batch(self, records: Sequence[Event], token: str) -> set[str]:
+        """Ids of ``records`` that a batch other than ``token``'s stored before this process started
+        (copies); records that ``token`` itself stored (or a piece of it: ``token/0/1``) are left
+        to ClickHouse's token check. An unknown token ('': stored before migration 0010) is no proof."""
+        known = self.stored_before_start
+        copies = set()
+        for record in records:
+            stored_by = known.get(record.event_id)
+            if stored_by and stored_by != token and not stored_by.startswith(token + "/"):
+                copies.add(record.event_id)
+        return copies
 
     def columns(self, table: str) -> list[Column]:
         """Ordinary columns of ``table`` (those an insert must supply), cached."""
@@ -105,11 +145,16 @@ class ClickHouseSink:
         Without ``on_poison`` the refusal is raised as ``PoisonRecordsError`` after the rest is
         stored. Errors that are not about records (ClickHouse down, disk full) are raised unchanged.
         """
+        token = batch_token(token_prefix + topic, ranges)
         fresh = self.recent.unseen(records)
+        if self.stored_before_start and fresh:
+            copies = self._stored_by_another_batch(fresh, token)
+            if copies:
+                self.recent.dropped += len(copies)
+                fresh = [r for r in fresh if r.event_id not in copies]
         if not fresh:
             return 0
         table = TOPIC_BY_NAME[topic].table
-        token = batch_token(token_prefix + topic, ranges)
         fresh_ids = {id(r) for r in fresh}
 
         def insert_fresh(part: Sequence[Event], part_token: str) -> None:

@@ -12,7 +12,7 @@ from entroloop.sinks.clickhouse.writer import ClickHouseSink
 from tests.unit.sinks.sink_records import sample_records
 
 DICTIONARY = Path(__file__).resolve().parents[3] / "docs" / "data-dictionary.md"
-COMMON = {"event_id", "emitted_at", "node_id", "seq", "request_id", "trace_id", "schema_version", "inserted_at"}
+COMMON = {"event_id", "emitted_at", "node_id", "seq", "request_id", "trace_id", "schema_version", "inserted_at", "insert_token"}
 
 
 def _sql_blocks() -> list[str]:

@@ -34,8 +34,8 @@ def test_a_forged_feedback_reusing_an_event_id_leaves_one_row_the_real_one(chdb_
     real = Feedback(**stamper.stamp(at=time.time() - HOUR), request_id="req-1", rating=-1, error_type="numbers")
     ClickHouseSink(chdb_client, ch_database).write(Feedback.topic, 0, 0, 0, [real])
     for n, forged in enumerate(_forged(real), start=1):
-        # each from a sink that does not remember the real id (another process, after a restart)
-        ClickHouseSink(chdb_client, ch_database, apply_migrations=False).write(Feedback.topic, 1, n, n, [forged])
+        # each from a sink that does not remember the real id (another process, or a restart past its seed window)
+        ClickHouseSink(chdb_client, ch_database, apply_migrations=False, seed_window_s=0).write(Feedback.topic, 1, n, n, [forged])
     assert _final_rows(chdb_client, ch_database) == [(real.event_id, "numbers", -1)]
 
 
@@ -51,7 +51,7 @@ def test_migration_0007_upgrades_an_existing_feedback_table(chdb_client, ch_data
     assert sorted(r[0] for r in _final_rows(chdb_client, ch_database)) == sorted(r.event_id for r in real)
     rollup = chdb_client.query(f"SELECT sum(feedback) FROM {ch_database}.feedback_1m").result_rows[0][0]
     assert rollup == 5, "the copy into the new table must not count feedback again"
-    sink = ClickHouseSink(chdb_client, ch_database, apply_migrations=False)
+    sink = ClickHouseSink(chdb_client, ch_database, apply_migrations=False, seed_window_s=0)
     sink.write(Feedback.topic, 0, 5, 5, [Feedback(**stamper.stamp(), request_id="req-new", rating=2)])
     assert chdb_client.query(f"SELECT sum(feedback) FROM {ch_database}.feedback_1m").result_rows[0][0] == 6
     sink.write(Feedback.topic, 1, 0, 0, [msgspec.structs.replace(real[0], error_type="forged", rating=10)])
