@@ -9,9 +9,9 @@ repeats inside one batch. Ids are remembered only after the durable write return
 write that is retried carries the same records (and so the same bytes and token) again.
 
 The memory is per process. A starting ClickHouse sink reads back what its tables stored in the
-last minutes, with each row's insert token (``ClickHouseSink.stored_before_start``), so a copy
-arriving right after a restart is dropped too; the audit writer starts empty (a copy that comes
-right after its restart is a second row in the write-once log). A copy more than ``capacity`` ids
+last minutes, with each row's insert token (``ClickHouseSink.stored_before_start``), and the audit
+writer reads back the ids of each chain's newest sealed batches when it opens the chain
+(``entroloop.sinks.audit.stored_ids``), so a copy arriving right after a restart is dropped too. A copy more than ``capacity`` ids
 later (or past the read-back window) still lands as a second raw row, which ClickHouse's
 ReplacingMergeTree collapses on merge (exact queries use ``FINAL``). 200,000 ids are about 30 MB and
 cover a spool replay of minutes at fleet rates.
@@ -19,7 +19,7 @@ cover a spool replay of minutes at fleet rates.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import TypeVar
 
@@ -58,9 +58,13 @@ class RecentEventIds:
 
     def remember(self, records: Sequence[Event]) -> None:
         """Note ``records`` as stored (call after the durable write returned)."""
+        self.remember_ids(record.event_id for record in records)
+
+    def remember_ids(self, event_ids: Iterable[str]) -> None:
+        """Note ids as stored, oldest first (a restarted sink's read-back of what it stored)."""
         ids = self._ids
-        for record in records:
-            ids[record.event_id] = None
+        for event_id in event_ids:
+            ids[event_id] = None
         excess = len(ids) - self.capacity
         if excess > 0:
             for event_id in list(islice(ids, excess)):

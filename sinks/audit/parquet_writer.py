@@ -10,7 +10,8 @@ heads) is described in ``entroloop.infra.worm.manifest``; the audit and action t
 
 A record whose event id the writer stored lately (``entroloop.sinks.recent_ids``: a publisher's spool replay
 re-sent it at another offset) is left out of the batch's files; the batch's manifest still covers
-its offsets, so the chain has no gap.
+its offsets, so the chain has no gap. The memory outlives a restart in part: opening a chain reads
+back the ids of its newest ``seed_batches`` sealed batches (``entroloop.sinks.audit.stored_ids``).
 
 With a ``Checkpointer`` (``ENTROLOOP_AUDIT_SIGNING_KEY_FILE``), the heads are signed after sealing
 and kept outside the log (``entroloop.sinks.audit.checkpointer``), so ``verify`` can tell the log that was
@@ -33,9 +34,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 from entroloop.sinks.audit.checkpointer import Checkpointer
+from entroloop.sinks.audit.stored_ids import SEED_BATCHES, chained_event_ids
 from entroloop.sinks.recent_ids import RecentEventIds
 
 from entroloop.contract.records import Audit, Event
+from entroloop.contract.topics import TOPIC_BY_NAME
 from entroloop.infra.worm.checkpoints import AnchoredHead
 from entroloop.infra.worm.layouts import (
     ACTION_SCHEMA,
@@ -95,9 +98,11 @@ class AuditParquetWriter:
     folders come from the topic's layout, the chain from its (topic, partition)."""
 
     def __init__(
-        self, store: WormStore, topics: Iterable[str] = LOGGED_TOPICS, checkpointer: Checkpointer | None = None
+        self, store: WormStore, topics: Iterable[str] = LOGGED_TOPICS, checkpointer: Checkpointer | None = None,
+        seed_batches: int = SEED_BATCHES,
     ) -> None:
         self.store = store
+        self.seed_batches = seed_batches
         self.checkpointer = checkpointer
         self.topics: tuple[str, ...] = tuple(topics)
         for topic in self.topics:
@@ -116,10 +121,11 @@ class AuditParquetWriter:
         """The chain of ``topic``/``partition`` as stored: loaded once, then kept in memory."""
         name = chain_name(topic, partition)
         if name not in self._chains:
-            self._chains[name] = self._load_chain(name)
+            # the memory of recent ids is shared: each partition's chain seeds its share of it
+            self._chains[name] = self._load_chain(name, self.recent.capacity // TOPIC_BY_NAME[topic].partitions)
         return self._chains[name]
 
-    def _load_chain(self, name: str) -> ChainState:
+    def _load_chain(self, name: str, seed_ids: int) -> ChainState:
         state = ChainState()
         heads = self.store.list(f"{HEAD_PREFIX}{name}/")
         if heads:
@@ -138,6 +144,9 @@ class AuditParquetWriter:
             if manifest.prev_manifest_sha256 != state.manifest_sha256 or manifest.seq != state.seq + 1:
                 raise AuditChainError(f"{key} does not extend the chain {name} at batch {state.seq}; run `entroloop audit verify`")
             self._seal(manifest, sha256_hex(data), state)
+        if self.seed_batches and state.manifest_key:  # copies of what another process stored here
+            self.recent.remember_ids(chained_event_ids(
+                self.store, state.manifest_key, state.manifest_sha256, self.seed_batches, limit=seed_ids))
         return state
 
     def _seal(self, manifest: Manifest, manifest_sha: str, state: ChainState) -> None:

@@ -133,7 +133,7 @@ def test_a_batch_retried_after_a_crash_with_other_duplicates_filtered_is_chained
     batch = [*audits[10:20], replayed, *audits[20:30]]  # the spool re-sent audits[5] at offset 20
     _crash_before_the_manifest(store, first, 10, 30, batch)
 
-    second = AuditParquetWriter(store)  # a new process: no memory of recent ids
+    second = AuditParquetWriter(store, seed_batches=0)  # a new process that read back no recent ids
     second.write(TOPIC, 0, 10, 30, batch)
     assert verify_store(store).ok
     for a in audits:
@@ -165,10 +165,10 @@ def test_the_second_file_of_a_retried_batch_follows_the_same_rule(tmp_path: Path
     AuditParquetWriter(store).write(TOPIC, 0, 0, 9, audits[:10])
     batch = [*audits[10:20], first_replay, second_replay, *audits[20:30]]
     for knows in ([first_replay, second_replay], []):  # a crash before the manifest, twice
-        writer = AuditParquetWriter(store)
+        writer = AuditParquetWriter(store, seed_batches=0)  # knows exactly ``knows``
         writer.recent.remember(knows)
         _crash_before_the_manifest(store, writer, 10, 31, batch)
-    last = AuditParquetWriter(store)
+    last = AuditParquetWriter(store, seed_batches=0)
     last.recent.remember([second_replay])
     last.write(TOPIC, 0, 10, 31, batch)
     assert verify_store(store).ok
