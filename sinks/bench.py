@@ -139,7 +139,8 @@ def own_chdb() -> Iterator[Any]:
 
 def audit_write_and_verify(events: int = 1_000_000, batch: int = 2_000, partitions: int = 6,
                            progress: Callable[[int], None] | None = None) -> dict[str, float]:
-    """Write ``events`` audit records through the WORM Parquet writer, then verify the whole log."""
+    """Write ``events`` audit records through the WORM Parquet writer, verify the whole log, then time
+    a restarted writer opening every chain (it reads back the ids of the newest batches)."""
     from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
     from entroloop.sinks.audit.verify import verify_store
 
@@ -174,6 +175,11 @@ def audit_write_and_verify(events: int = 1_000_000, batch: int = 2_000, partitio
         report = verify_store(store)
         if not report.ok or report.records != events:
             raise RuntimeError(f"verification of the benchmark log failed: {report.problems[:3]}")
+        started = time.perf_counter()  # a restarted writer opens every chain, reading back recent ids
+        restarted = AuditParquetWriter(store)
+        for partition in range(partitions):
+            restarted.chain(Audit.topic, partition)
+        reopen_seconds = time.perf_counter() - started
         _restore_write_bits(Path(folder))
         return {
             "events": float(events),
@@ -183,6 +189,8 @@ def audit_write_and_verify(events: int = 1_000_000, batch: int = 2_000, partitio
             "verify_seconds": report.seconds,
             "verify_events_per_s": events / report.seconds,
             "files": float(report.files),
+            "reopen_seconds": reopen_seconds,
+            "reopen_ids": float(len(restarted.recent)),
         }
 
 

@@ -48,6 +48,7 @@ def test_repeated_audit_runs_give_every_figure_per_run():
     assert {"parquet_mb_per_s", "verify_seconds", "verify_events_per_s", "events"} <= set(audit)
     assert audit["events"].values == (300.0, 300.0)
     assert all(v > 0 for v in audit["verify_events_per_s"].values)
+    assert audit["reopen_ids"].values == (300.0, 300.0)  # a restarted writer read back every id of the log
 
 
 def _runs(*values: float) -> Repeated:
@@ -66,7 +67,7 @@ def test_baseline_ratio_reaches_the_report(tmp_path: Path):
     stage = {"end_to_end": _runs(40_000.0, 50_000.0, 70_000.0), "end_to_end_per_cpu_s": _runs(60_000.0),
              "decode": _runs(1.0), "arrow": _runs(2.0), "insert": _runs(3.0)}
     audit = {"parquet_mb_per_s": _runs(1.0), "events": _runs(10.0), "verify_seconds": _runs(1.0),
-             "verify_events_per_s": _runs(10.0)}
+             "verify_events_per_s": _runs(10.0), "reopen_seconds": _runs(0.25), "reopen_ids": _runs(300.0)}
     out = tmp_path / "BENCHMARKS.md"
     _write_report({"token_entropy": stage, "spans": stage}, audit, previous, out)
     text = out.read_text()
@@ -75,6 +76,8 @@ def test_baseline_ratio_reaches_the_report(tmp_path: Path):
     assert "2.00× the baseline build (30,000 rows/CPU-s" in text
     assert "| chDB rows/s per sink process, spans (decode + Arrow + insert) | 50,000 | rows/s | 3 (40,000–70,000) | 1.5 |" in text
     assert "| chDB rows per CPU-second, spans (decode + Arrow + insert) | 60,000 |" in text
+    assert "| audit writer restart: open the 6 audit chains of that log | 0.25 | s |" in text
+    assert "(300 ids)" in text
 
 
 def test_baseline_file_without_json_is_refused(tmp_path: Path):
