@@ -457,17 +457,20 @@ class BadCaseJoiner(Processor):
             if entry.last_seen >= horizon:  # changed behind the index (recovered): keep it, at its time
                 self._expiry.touch(rid, entry.last_seen)
                 continue
-            del self.state[rid]
-            self.expired_unjoined += len(entry.waiting_feedback)
+            self._forget(rid, entry)
         excess = len(self.state) - self.max_requests
         if excess > 0:
             for rid in self._expiry.oldest(excess):
                 entry = self.state.get(rid)
                 if entry is not None:
-                    del self.state[rid]
+                    self._forget(rid, entry)
                     self.evicted += 1
-                    self.expired_unjoined += len(entry.waiting_feedback)
         return []
+
+    def _forget(self, rid: str, entry: JoinEntry) -> None:
+        """Drop a request from the table; the corrections waiting for its audit will never join."""
+        del self.state[rid]
+        self.expired_unjoined += len(entry.waiting_feedback)
 
 
 __all__ = [

@@ -112,17 +112,13 @@ class ClickHouseSink:
                                  f"ORDER BY inserted_at DESC LIMIT {int(limit)}").result_rows
         return {event_id: token for event_id, token in rows}
 
-    def _stored_by_another_batch(self, records: Sequence[Event], token: str) -> set[str]:
-        """Ids of ``records`` that a batch other than ``token``'s stored before this process started
-        (copies); records that ``token`` itself stored (or a piece of it: ``token/0/1``) are left
-        to ClickHouse's token check. An unknown token ('': stored before migration 0010) is no proof."""
-        known = self.stored_before_start
-        copies = set()
-        for record in records:
-            stored_by = known.get(record.event_id)
-            if stored_by and stored_by != token and not stored_by.startswith(token + "/"):
-                copies.add(record.event_id)
-        return copies
+    def _not_stored_by_another_batch(self, records: list[Event], token: str) -> list[Event]:
+        """``records`` less those a batch other than ``token``'s stored before this process started
+        (copies); records that ``token`` itself stored (or a piece of it: ``token/0/1``) are kept,
+        for ClickHouse's token check. An unknown token ('': stored before migration 0010) is no proof."""
+        known, piece = self.stored_before_start, token + "/"
+        return [r for r in records
+                if not (stored_by := known.get(r.event_id)) or stored_by == token or stored_by.startswith(piece)]
 
     def columns(self, table: str) -> list[Column]:
         """Ordinary columns of ``table`` (those an insert must supply), cached."""
@@ -148,10 +144,9 @@ class ClickHouseSink:
         token = batch_token(token_prefix + topic, ranges)
         fresh = self.recent.unseen(records)
         if self.stored_before_start and fresh:
-            copies = self._stored_by_another_batch(fresh, token)
-            if copies:
-                self.recent.dropped += len(copies)
-                fresh = [r for r in fresh if r.event_id not in copies]
+            kept = self._not_stored_by_another_batch(fresh, token)
+            self.recent.dropped += len(fresh) - len(kept)
+            fresh = kept
         if not fresh:
             return 0
         table = TOPIC_BY_NAME[topic].table
