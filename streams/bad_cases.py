@@ -18,29 +18,31 @@ joined). An empty tenant on either side (feedback from a producer that predates 
 answer served without API keys) names no owner, and joins as before.
 
 Expiry runs on every watermark (every 0.25 s under the worker), so it must not scan the state: the
-joiner keeps an index of entries by ``last_seen`` (``ExpiryIndex``, a heap) and pops only the expired.
+joiner keeps an index of entries by tenant and ``last_seen`` (``entroloop.streams.join_expiry``, heaps)
+and pops only the expired.
 Entries that reach ``state`` without passing through ``process`` (recovered from the changelog
 after a restart or a rebalance) are indexed by a full scan when the state's size no longer matches
 the index, and at least once per ``ttl_s`` of event time whatever the size says.
 
 Every audit enters the state, and most are never corrected, so the TTL alone lets it grow with
 all traffic (a week of prompts and answers in memory, in the changelog, and replayed by a
-restarted worker). ``max_requests`` bounds it: above it, each watermark drops the longest-idle
-requests first and counts them in ``evicted``.
+restarted worker). ``max_requests`` bounds it: above it, each watermark drops requests of the
+tenant holding the most, longest-idle first (so one tenant's burst cannot push the others' answers
+out), and counts them in ``evicted``.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
-import heapq
 import re
-from collections.abc import Iterable, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
 from typing import ClassVar
 
 import msgspec
 from entroloop.streams.base import Processor, derive
 from entroloop.streams.correction_labels import quantities_in
+from entroloop.streams.join_expiry import TenantExpiryIndex
 from entroloop.streams.rules import (
     _CJK,
     FACT,
@@ -81,65 +83,17 @@ class JoinEntry(msgspec.Struct):
     last_seen: float = 0.0
 
 
+def entry_tenant(entry: JoinEntry) -> str:
+    """Whose request an entry holds: the answer's tenant, or, before the answer came, the correction's."""
+    if entry.audit is not None:
+        return entry.audit.tenant
+    return entry.waiting_feedback[0].tenant if entry.waiting_feedback else ""
+
+
 JOIN_STATE: TableStateSpec[JoinEntry] = TableStateSpec.msgpack("bad_case_join", JoinEntry)
 encode_entry = JOIN_STATE.encode
 """Table value serializer (changelog bytes)."""
 decode_entry = JOIN_STATE.decode
-
-
-class ExpiryIndex:
-    """Keys by the time they were last seen: ``expired(horizon)`` yields the keys last seen before
-    ``horizon`` in O(expired · log n), not O(n).
-
-    A heap of (last_seen, key) with lazy deletion: ``touch`` pushes a key again when its time
-    changes, and the entry it supersedes is skipped when it surfaces (``_current`` knows each key's
-    time); the heap is rebuilt when the superseded entries outnumber the live ones."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, str]] = []
-        self._current: dict[str, float] = {}
-
-    def __len__(self) -> int:
-        return len(self._current)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._current
-
-    def touch(self, key: str, last_seen: float) -> None:
-        if self._current.get(key) == last_seen:
-            return
-        self._current[key] = last_seen
-        heapq.heappush(self._heap, (last_seen, key))
-        if len(self._heap) > 2 * len(self._current) + 1024:
-            self._rebuild()
-
-    def discard(self, key: str) -> None:
-        self._current.pop(key, None)  # its heap entry is skipped when it surfaces
-
-    def expired(self, horizon: float) -> list[str]:
-        """Remove and return every key last seen before ``horizon``, oldest first."""
-        return self._pop(horizon, len(self._current))
-
-    def oldest(self, count: int) -> list[str]:
-        """Remove and return the ``count`` keys last seen longest ago, oldest first."""
-        return self._pop(float("inf"), count)
-
-    def _pop(self, horizon: float, count: int) -> list[str]:
-        heap, current, out = self._heap, self._current, []
-        while heap and heap[0][0] < horizon and len(out) < count:
-            last_seen, key = heapq.heappop(heap)
-            if current.get(key) == last_seen:  # else superseded by a later touch, or discarded
-                del current[key]
-                out.append(key)
-        return out
-
-    def reset(self, items: Iterable[tuple[str, float]]) -> None:
-        self._current = dict(items)
-        self._rebuild()
-
-    def _rebuild(self) -> None:
-        self._heap = [(last_seen, key) for key, last_seen in self._current.items()]
-        heapq.heapify(self._heap)
 
 
 # --- diff and minimal failing example --------------------------------------------------------
@@ -318,8 +272,8 @@ class BadCaseJoiner(Processor):
         self.state: MutableMapping[str, JoinEntry] = state if state is not None else {}
         self.expired_unjoined = 0
         self.refused_other_tenant = 0
-        # request ids by last_seen, so expiry touches only what expires (see the module docstring)
-        self._expiry = ExpiryIndex()
+        # request ids by tenant and last_seen, so expiry and the bound touch only what they drop
+        self._expiry = TenantExpiryIndex()
         self._full_scan_due: float | None = None  # event time of the next full scan (None: at the next watermark)
 
     @classmethod
@@ -343,12 +297,14 @@ class BadCaseJoiner(Processor):
             if entry is None:
                 entry = JoinEntry()
                 self.state[record.request_id] = entry
+            elif (held_for := entry_tenant(entry)) != record.tenant:
+                self._expiry.discard(record.request_id, held_for)  # held for the answer's tenant from now on
             entry.audit = record
             entry.last_seen = max(entry.last_seen, record.emitted_at)
             waiting, entry.waiting_feedback = entry.waiting_feedback, []
             cases = [case for fb in waiting if (case := self._join(entry, fb)) is not None]
             self.state[record.request_id] = entry  # write back: a changelogged table logs on set
-            self._expiry.touch(record.request_id, entry.last_seen)
+            self._expiry.touch(record.request_id, record.tenant, entry.last_seen)
             return cases
         if isinstance(record, Feedback):
             if not record.corrected_answer:
@@ -366,7 +322,7 @@ class BadCaseJoiner(Processor):
             else:
                 case = self._join(entry, record)
             self.state[record.request_id] = entry
-            self._expiry.touch(record.request_id, entry.last_seen)
+            self._expiry.touch(record.request_id, entry_tenant(entry), entry.last_seen)
             return [case] if case is not None else []
         return []
 
@@ -443,24 +399,24 @@ class BadCaseJoiner(Processor):
 
     def on_watermark(self, event_time: float) -> list[Event]:
         """Forget requests idle for ``ttl_s`` of event time (a feedback that never met its audit
-        is counted in ``expired_unjoined``), then, above ``max_requests``, the longest idle (counted
-        in ``evicted``; a correction of such an answer waits for an audit that does not come, until
-        its TTL). Only the entries dropped are read (``ExpiryIndex``)."""
+        is counted in ``expired_unjoined``), then, above ``max_requests``, the longest idle of the
+        tenant holding the most (counted in ``evicted``; a correction of such an answer waits for an
+        audit that does not come, until its TTL). Only the entries dropped are read."""
         horizon = event_time - self.ttl_s
         if len(self._expiry) != len(self.state) or self._full_scan_due is None or event_time >= self._full_scan_due:
-            self._expiry.reset((rid, entry.last_seen) for rid, entry in self.state.items())
+            self._expiry.reset((rid, entry_tenant(entry), entry.last_seen) for rid, entry in self.state.items())
             self._full_scan_due = event_time + self.ttl_s
         for rid in self._expiry.expired(horizon):
             entry = self.state.get(rid)
             if entry is None:  # gone with a revoked partition
                 continue
             if entry.last_seen >= horizon:  # changed behind the index (recovered): keep it, at its time
-                self._expiry.touch(rid, entry.last_seen)
+                self._expiry.touch(rid, entry_tenant(entry), entry.last_seen)
                 continue
             self._forget(rid, entry)
         excess = len(self.state) - self.max_requests
         if excess > 0:
-            for rid in self._expiry.oldest(excess):
+            for rid in self._expiry.evict(excess):
                 entry = self.state.get(rid)
                 if entry is not None:
                     self._forget(rid, entry)
@@ -476,7 +432,6 @@ class BadCaseJoiner(Processor):
 __all__ = [
     "REGRESSION_LABEL",
     "BadCaseJoiner",
-    "ExpiryIndex",
     "JoinEntry",
     "bad_case_confidence",
     "decode_entry",

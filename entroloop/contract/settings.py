@@ -273,7 +273,8 @@ class Settings(BaseSettings):
     )
     badcase_join_max_requests: int = Field(
         200_000, ge=1, description="Requests the bad-case join keeps per processor (every audit waits there for a "
-        "correction, so the state grows with all traffic): above it the longest-idle are dropped first, "
+        "correction, so the state grows with all traffic): above it the longest-idle of the tenant holding the "
+        "most are dropped first (one tenant's burst does not push the others' answers out), "
         "counted in the worker's `table_evicted` health metric. Each holds an audit's prompt and answer "
         "(3.3 KB of worker memory for the synthetic fleet's short answers, more for real chats); raise it with the worker's memory, or run more workers, "
         "when corrections arrive later than this many requests.",

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from entroloop.streams.bad_cases import BadCaseJoiner, ExpiryIndex, JoinEntry
+from entroloop.streams.bad_cases import BadCaseJoiner, JoinEntry
+from entroloop.streams.join_expiry import ExpiryIndex
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
