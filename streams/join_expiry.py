@@ -70,7 +70,7 @@ class ExpiryIndex:
 
 
 class TenantExpiryIndex:
-    """``ExpiryIndex`` per tenant: ``expired`` over all tenants, ``evict`` from the largest."""
+    """``ExpiryIndex`` per tenant: ``expired`` over all tenants, ``evict`` from the largest down."""
 
     def __init__(self) -> None:
         self._by_tenant: dict[str, ExpiryIndex] = {}
@@ -99,18 +99,24 @@ class TenantExpiryIndex:
         return out
 
     def evict(self, count: int) -> list[str]:
-        """Remove and return ``count`` keys, each the longest-idle of the tenant holding the most
-        at that moment: the largest tenant is cut down to the next one's size, then both in turn."""
-        out: list[str] = []
-        while len(out) < count:
-            sizes = sorted(((len(index), tenant) for tenant, index in self._by_tenant.items()), reverse=True)
-            if not sizes or sizes[0][0] == 0:
-                break
-            largest, tenant = sizes[0]
-            next_size = sizes[1][0] if len(sizes) > 1 else 0
-            out += self._by_tenant[tenant].oldest(min(count - len(out), max(1, largest - next_size)))
+        """Remove and return ``count`` keys (fewer if fewer are held): the tenants holding the most are
+        cut down to one level, each losing its longest-idle keys, and the rest keep all of theirs."""
+        out = [key for tenant, cut in self._cuts(count).items() for key in self._by_tenant[tenant].oldest(cut)]
         self._forget_empty()
         return out
+
+    def _cuts(self, count: int) -> dict[str, int]:
+        """How many keys each tenant loses so that ``count`` go, taken from the largest down to a level."""
+        order = sorted(((tenant, len(index)) for tenant, index in self._by_tenant.items()),
+                       key=lambda held: (-held[1], held[0]))
+        held = 0
+        for k, (_, size) in enumerate(order, 1):
+            held += size
+            next_size = order[k][1] if k < len(order) else 0
+            if held - k * next_size >= count:  # cutting the k largest down to the next one's size is enough
+                level, extra = divmod(held - count, k)  # each keeps ``level``; ``extra`` of them one more
+                return {tenant: size - level - (i < extra) for i, (tenant, size) in enumerate(order[:k])}
+        return dict(order)  # asked for everything
 
     def reset(self, items: Iterable[tuple[str, str, float]]) -> None:
         """Index exactly ``(key, tenant, last_seen)`` items (the state as recovered)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from entroloop.streams.bad_cases import BadCaseJoiner, JoinEntry
-from entroloop.streams.join_expiry import ExpiryIndex
+from entroloop.streams.join_expiry import ExpiryIndex, TenantExpiryIndex
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -121,3 +121,28 @@ def test_entries_that_came_without_the_joiner_expire_too() -> None:
     assert "recovered" not in state and "swapped" in state  # not indexed yet
     joiner.on_watermark(1150.0)  # one ttl after the last full scan: indexed and expired
     assert state == {}
+
+
+def _tenant_index(held: dict[str, int]) -> TenantExpiryIndex:
+    index = TenantExpiryIndex()
+    for tenant, n in held.items():
+        for i in range(n):
+            index.touch(f"{tenant}{i}", tenant, float(i))
+    return index
+
+
+def test_eviction_cuts_the_largest_tenants_to_one_level_oldest_first() -> None:
+    index = _tenant_index({"A": 10, "B": 10, "C": 2})
+    dropped = index.evict(3)
+    assert sorted(dropped) == ["A0", "B0", "B1"]  # two tied tenants share the cut, each its oldest
+    assert index.held() == {"A": 9, "B": 8, "C": 2}
+    # 14 more: A and B down to C's size (13) are not enough, so all three to one level (2, 2, 1)
+    assert sorted(index.evict(14)) == sorted([f"A{i}" for i in range(1, 8)] + [f"B{i}" for i in range(2, 8)] + ["C0"])
+    assert index.held() == {"A": 2, "B": 2, "C": 1}
+    assert len(index.evict(100)) == 5 and len(index) == 0 and index.held() == {}  # asked for more than held
+
+
+def test_expiry_spans_every_tenant() -> None:
+    index = _tenant_index({"A": 5, "B": 5})
+    assert sorted(index.expired(2.0)) == ["A0", "A1", "B0", "B1"]
+    assert index.held() == {"A": 3, "B": 3}
