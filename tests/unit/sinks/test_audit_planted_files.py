@@ -11,14 +11,23 @@ from pathlib import Path
 import msgspec
 import pyarrow.parquet as pq
 from entroloop.sinks.audit.checkpointer import Checkpointer
-from entroloop.sinks.audit.parquet_writer import AuditChainError, AuditParquetWriter, parquet_bytes
+from entroloop.sinks.audit.parquet_writer import (
+    AuditChainError,
+    AuditParquetWriter,
+    parquet_bytes,
+)
 from entroloop.sinks.audit.verify import verify_store
 from typer.testing import CliRunner
 
 from entroloop.cli import app
 from entroloop.contract.records import Audit
 from entroloop.infra.worm.anchors import FolderAnchor, read_checkpoints
-from entroloop.infra.worm.checkpoints import CheckpointSigner, generate_key_pair, load_private_key, load_public_key
+from entroloop.infra.worm.checkpoints import (
+    CheckpointSigner,
+    generate_key_pair,
+    load_private_key,
+    load_public_key,
+)
 from entroloop.infra.worm.layouts import AUDIT_LAYOUT
 from entroloop.infra.worm.manifest import batch_name
 from entroloop.infra.worm.reader import find_records

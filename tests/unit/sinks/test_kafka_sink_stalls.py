@@ -8,7 +8,15 @@ from entroloop.sinks.kafka_sink import KafkaSinkConsumer
 
 from entroloop.contract.settings import Settings
 from tests.unit.sinks.test_kafka_sink_consumer import (
-    KTOPIC, PREFIX, TOPIC, FakeConsumer, FakeMessage, FakeProducer, SlicesTarget, messages, tokens,
+    KTOPIC,
+    PREFIX,
+    TOPIC,
+    FakeConsumer,
+    FakeMessage,
+    FakeProducer,
+    SlicesTarget,
+    messages,
+    tokens,
 )
 
 
