@@ -18,6 +18,7 @@ from entroloop.sinks.audit.parquet_writer import AuditParquetWriter
 from entroloop.sinks.audit.verify import verify_store
 
 from entroloop.contract.records import Audit
+from entroloop.infra.worm.reader import find_records
 from entroloop.infra.worm.s3_store import S3WormStore
 from entroloop.infra.worm.worm_store import ObjectExists
 from tests.integration.minio_fixtures import (  # noqa: F401  (fixtures)
@@ -134,6 +135,23 @@ def test_audit_log_on_s3_verifies_and_detects_a_missing_batch(locked_bucket):
     key = store.list("audit/")[0]
     client.delete_object(Bucket=bucket, Key=key)
     assert ("missing", key) in {(p.kind, p.key) for p in verify_store(store).problems}
+
+
+def test_a_restarted_writer_on_s3_stores_a_spool_replay_copy_once(locked_bucket):
+    """A publisher's spool replay re-sends audits the broker already held, at new offsets, right
+    after the audit sink restarted: the new writer reads back the chain's recent ids from S3."""
+    client, bucket = locked_bucket
+    audits = sample_records(50, seed=35)[TOPIC]
+    first = AuditParquetWriter(_store(client, bucket))
+    first.write(TOPIC, 2, 0, 19, audits[:20])
+    first.write(TOPIC, 2, 20, 39, audits[20:40])
+    restarted = AuditParquetWriter(_store(client, bucket))
+    restarted.write(TOPIC, 2, 40, 52, [audits[3], *audits[40:50], audits[33], audits[39]])
+    store = _store(client, bucket)
+    report = verify_store(store)
+    assert report.ok and report.records == 50  # each audit once, and the chain covers offsets 0..52
+    assert restarted.recent.dropped == 3
+    assert [r["audit_id"] for r in find_records(store, "audit_id", audits[33].audit_id)] == [audits[33].audit_id]
 
 
 def test_writer_survives_minio_stopped_and_restarted_mid_run(own_minio):
