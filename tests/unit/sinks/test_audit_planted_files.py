@@ -33,6 +33,7 @@ from entroloop.infra.worm.manifest import batch_name
 from entroloop.infra.worm.reader import find_records
 from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.unit.sinks.audit_attacks import _overwrite
+from tests.unit.sinks.audit_crashes import crash_before_the_manifest
 from tests.unit.sinks.sink_records import sample_records
 
 TOPIC = Audit.topic
@@ -105,29 +106,6 @@ def test_a_retried_batch_whose_file_holds_the_same_records_in_other_bytes_is_cha
     assert [r["response"] for r in find_records(store, "audit_id", audits[3].audit_id)] == [audits[3].response]
 
 
-class Crash(BaseException):
-    """A SIGKILL between a batch's data file and its manifest: nothing after it runs."""
-
-
-def _crash_before_the_manifest(store: LocalWormStore, writer: AuditParquetWriter, first: int, last: int,
-                               batch: list[Audit]) -> None:
-    """``writer`` writes the batch's data files and dies as it puts the manifest."""
-    real_put = store.put_once
-
-    def put_then_crash(key, data):
-        if key.startswith("manifests/"):
-            raise Crash()
-        return real_put(key, data)
-
-    store.put_once = put_then_crash
-    try:
-        writer.write(TOPIC, 0, first, last, batch)
-    except Crash:
-        pass
-    finally:
-        store.put_once = real_put
-
-
 def test_a_batch_retried_after_a_crash_with_other_duplicates_filtered_is_chained_whole(tmp_path: Path):
     """The writer leaves out records it stored lately (a spool replay re-sent them at another offset).
     That memory dies with the process: after a crash between a batch's data file and its manifest,
@@ -140,7 +118,7 @@ def test_a_batch_retried_after_a_crash_with_other_duplicates_filtered_is_chained
     first = AuditParquetWriter(store)
     first.write(TOPIC, 0, 0, 9, audits[:10])  # stored, and remembered
     batch = [*audits[10:20], replayed, *audits[20:30]]  # the spool re-sent audits[5] at offset 20
-    _crash_before_the_manifest(store, first, 10, 30, batch)
+    crash_before_the_manifest(store, first, 10, 30, batch)
 
     second = AuditParquetWriter(store, seed_batches=0)  # a new process that read back no recent ids
     second.write(TOPIC, 0, 10, 30, batch)
@@ -176,7 +154,7 @@ def test_the_second_file_of_a_retried_batch_follows_the_same_rule(tmp_path: Path
     for knows in ([first_replay, second_replay], []):  # a crash before the manifest, twice
         writer = AuditParquetWriter(store, seed_batches=0)  # knows exactly ``knows``
         writer.recent.remember(knows)
-        _crash_before_the_manifest(store, writer, 10, 31, batch)
+        crash_before_the_manifest(store, writer, 10, 31, batch)
     last = AuditParquetWriter(store, seed_batches=0)
     last.recent.remember([second_replay])
     last.write(TOPIC, 0, 10, 31, batch)

@@ -20,6 +20,7 @@ from entroloop.infra.worm.manifest import Manifest, manifest_key
 from entroloop.infra.worm.reader import manifest_files
 from entroloop.infra.worm.worm_store import LocalWormStore
 from tests.unit.sinks.audit_attacks import _overwrite, _remove
+from tests.unit.sinks.audit_crashes import crash_before_the_manifest
 from tests.unit.sinks.sink_records import sample_records
 
 TOPIC = Audit.topic
@@ -111,3 +112,23 @@ def test_a_missing_manifest_stops_the_read_back_not_the_writer(tmp_path: Path, c
         restarted.write(TOPIC, 0, 30, 39, audits[30:40])
     assert "recent ids not read back" in caplog.text
     assert len(restarted.recent) == 10  # what it wrote itself
+
+
+def test_a_batch_retried_after_a_crash_before_its_manifest_is_recognised_whole(tmp_path: Path) -> None:
+    """SIGKILL between a batch's data files and its manifest, the batch holding a copy the writer
+    left out: the restarted writer reads back the copy's (sealed) batch, leaves the copy out again,
+    so the retry's files are byte for byte the ones already there - no second file, no second row."""
+    store = LocalWormStore(tmp_path / "worm")
+    audits = _audits(30)
+    writer = AuditParquetWriter(store)
+    writer.write(TOPIC, 0, 0, 9, audits[:10])
+    batch = [*audits[10:20], audits[4]]  # audits[4] again, re-sent by a spool replay
+    crash_before_the_manifest(store, writer, 10, 20, batch)
+    assert store.list("manifests/") and len(store.list("manifests/")) == 1  # only the first batch is sealed
+
+    restarted = AuditParquetWriter(store)
+    restarted.write(TOPIC, 0, 10, 20, batch)
+    assert restarted.files_written == 0 and restarted.files_skipped >= 1  # recognised, nothing rewritten
+    assert not [k for k in store.list("audit/") if k.endswith(".rest.parquet")]
+    assert sorted(_stored_ids(store)) == sorted(a.event_id for a in audits[:20])
+    assert verify_store(store).ok
