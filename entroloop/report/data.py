@@ -81,6 +81,8 @@ class ReportData:
     # one row per model (and "all models"): request count and p50/p95 of each stage, seconds (None: not reported)
     latency_stages: list[dict[str, Any]] = field(default_factory=list)
     funnel: list[tuple[str, float]] = field(default_factory=list)
+    # feedback on an answer served to another tenant: left out of the funnel, as the bad-case join refuses it
+    other_tenant_feedback: int = 0
     negative_rating: int = NEGATIVE_RATING
     worst_requests: list[dict[str, Any]] = field(default_factory=list)
     latest_requests: list[dict[str, Any]] = field(default_factory=list)  # the latest REQUESTS_SHOWN audited
@@ -256,9 +258,20 @@ def _load_latency(r: _Reader, data: ReportData) -> None:
 
 
 def _load_funnel(r: _Reader, data: ReportData) -> None:
-    ((feedback, negative, corrections),) = r.rows(f"""
-        SELECT count(), countIf(rating <= {int(data.negative_rating)}), countIf(has_correction)
-        FROM {{db}}.feedback FINAL WHERE {{in_window}}""")
+    # A verdict counts for the answer's own tenant only (``verdict_applies``: equal tenants, or either
+    # empty; an answer not stored has none): another tenant that learned request ids cannot inflate
+    # this funnel any more than it can reach bad cases.
+    ((feedback, negative, corrections, other_tenant),) = r.rows(f"""
+        SELECT countIf(applies), countIf(applies AND rating <= {int(data.negative_rating)}),
+               countIf(applies AND has_correction), countIf(NOT applies)
+        FROM (
+            SELECT f.rating, f.has_correction, f.tenant = '' OR a.tenant = '' OR f.tenant = a.tenant AS applies
+            FROM (SELECT request_id, rating, has_correction, tenant FROM {{db}}.feedback FINAL WHERE {{in_window}}) AS f
+            LEFT JOIN (SELECT request_id, any(tenant) AS tenant FROM {{db}}.audit_index
+                       WHERE request_id IN (SELECT request_id FROM {{db}}.feedback WHERE {{in_window}})
+                       GROUP BY request_id) AS a USING (request_id)
+        )""")
+    data.other_tenant_feedback = int(other_tenant)
     registered = data.window.sql("registered_at")
     changed = data.window.sql("at")
     ((trained,),) = r.rows(f"SELECT count() FROM {{db}}.adapters FINAL WHERE {registered}")

@@ -219,7 +219,10 @@ def render_page(data: ReportData, title: str = "entroloop operator report",
         _plot("Bad-case funnel",
               bar_chart("Bad-case funnel", data.funnel, value_label=lambda v: f"{v:,.0f}", x_label="count in the window"),
               f"Feedback → negative feedback (rating ≤ {data.negative_rating}) → corrections → bad cases → retrain "
-              "requests → adapters trained, promoted, rolled back.", "bars: number of records in the window", "funnel"),
+              "requests → adapters trained, promoted, rolled back." + (
+                  f" Not counted: {data.other_tenant_feedback:,} feedback on answers served to another tenant "
+                  "(refused by the bad-case join too)." if data.other_tenant_feedback else ""),
+              "bars: number of records in the window", "funnel"),
         _card("Intent similarity by language and route",
               _table(data.intent, "no intent score stored in the window (intent scoring off?)"),
               "Fallback rate: answers whose query-answer similarity fell below their language's threshold.",

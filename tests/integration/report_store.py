@@ -112,6 +112,11 @@ def fill(sink: ClickHouseSink, adapter_dir: Path) -> ReportStore:
         records += [audit, feedback, joiner.build(audit, feedback)]
     store.late_request_ids["case"], store.late_request_ids["script"] = "late-case", "late-script"
     records.append(Feedback(**node.stamp(LATE + 22), request_id="late-a-1", rating=1))  # a thumbs up
+    # a tenant that learned the request id of another tenant's answer (served before the window) rates it
+    # down in the window: not in the funnel
+    records.append(Audit(**node.stamp(EARLY + 60), request_id="early-acme", audit_id="audit-early-acme", model="m-a",
+                         route="support", prompt="Hi", response="Hello", tenant="acme"))
+    records.append(Feedback(**node.stamp(LATE + 23), request_id="early-acme", rating=-1, tenant="rival"))
     records.append(Alert(**node.stamp(EARLY + 3), request_id="early-1", alert_key="k-early", rule="repetition_loop",
                          model="m-a", value=0.4, threshold=1.5))
     records.append(Alert(**node.stamp(LATE + 11), request_id="late-b-1", alert_key="k-late", rule="gibberish",

@@ -41,9 +41,9 @@ def everything(store, chdb_client):
 
 def test_row_counts_cover_the_window_only(late, everything):
     assert late.window == LATE_WINDOW
-    inside = {"token_entropy": 7, "spans": 6, "audit_index": 3, "feedback": 3, "bad_cases": 2, "alerts": 1}
+    inside = {"token_entropy": 7, "spans": 6, "audit_index": 3, "feedback": 4, "bad_cases": 2, "alerts": 1}
     assert {t: late.table_rows[t] for t in inside} == inside
-    whole = {"token_entropy": 11, "spans": 10, "audit_index": 4, "feedback": 4, "bad_cases": 3, "alerts": 2}
+    whole = {"token_entropy": 11, "spans": 10, "audit_index": 5, "feedback": 5, "bad_cases": 3, "alerts": 2}
     assert {t: everything.table_rows[t] for t in whole} == whole
     # the time axis spans the requests stored in the window (the last: the audit at LATE + 16)
     assert (late.start, late.end) == (pytest.approx(LATE), pytest.approx(LATE + 16))
@@ -107,6 +107,9 @@ def test_alerts_funnel_and_tables_follow_the_window(late, everything):
     funnel = dict(late.funnel)
     assert (funnel["feedback"], funnel["negative feedback"], funnel["corrections"], funnel["bad cases"]) == (3, 2, 2, 2)
     assert dict(everything.funnel)["feedback"] == 4
+    # the rating from another tenant than the answer's (its answer served before the window) is left out
+    assert late.other_tenant_feedback == 1 and everything.other_tenant_feedback == 1
+    assert "Not counted: 1 feedback on answers served to another tenant" in render_page(late)
     assert {r["request_id"] for r in late.worst_requests[:2]} == {"late-b-0", "late-b-1"}  # 5.04 nats
     assert not {r["request_id"] for r in late.worst_requests} & {"early-0", "early-1", "early-2", "early-3"}
     # the adapters were registered now, long after the late window
