@@ -9,9 +9,10 @@ repeats inside one batch. Ids are remembered only after the durable write return
 write that is retried carries the same records (and so the same bytes and token) again.
 
 The memory is per process. A starting ClickHouse sink reads back what its tables stored in the
-last minutes, with each row's insert token (``ClickHouseSink.stored_before_start``), and the audit
-writer reads back the ids of each chain's newest sealed batches when it opens the chain
-(``entroloop.sinks.audit.stored_ids``), so a copy arriving right after a restart is dropped too. A copy more than ``capacity`` ids
+last minutes, with each row's insert token (``ClickHouseSink.stored_before_start``, let go once the
+sink has stored ``capacity`` newer ids), and the audit writer reads back the ids of each chain's
+newest sealed batches when it opens the chain (``entroloop.sinks.audit.stored_ids``), so a copy
+arriving right after a restart is dropped too. A copy more than ``capacity`` ids
 later (or past the read-back window) still lands as a second raw row, which ClickHouse's
 ReplacingMergeTree collapses on merge (exact queries use ``FINAL``). 200,000 ids are about 30 MB and
 cover a spool replay of minutes at fleet rates.

@@ -184,6 +184,9 @@ class ClickHouseSink:
         self.recent.remember(records)
         self.inserts += 1  # pieces of a bisected batch count one each: they are real inserts
         self.rows_written += len(records)
+        if self.stored_before_start and self.rows_written >= self.recent.capacity:
+            # the live memory holds as many ids, all newer: it guarantees what the read-back did
+            self.stored_before_start = {}
 
     def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event],
               on_poison: OnPoison | None = None) -> int:

@@ -109,6 +109,21 @@ def test_a_restarted_clickhouse_sink_still_drops_a_copy_of_what_another_batch_st
     assert _rollup_feedback(chdb_client, ch_database) == n + 4
 
 
+def test_the_read_back_is_let_go_once_the_live_memory_holds_as_many_newer_ids(chdb_client, ch_database) -> None:
+    """The read-back (up to ``capacity`` ids, ~30 MB) is looked up for every record; once the sink has
+    stored ``capacity`` newer ids itself, the live memory gives the same guarantee, so it is dropped."""
+    audits = sample_records(90, seed=14)[Audit.topic]
+    n = len(audits)
+    ClickHouseSink(chdb_client, ch_database).write(Audit.topic, 0, 0, 29, audits[:30])
+    restarted = ClickHouseSink(chdb_client, ch_database, apply_migrations=False)
+    restarted.recent = RecentEventIds(capacity=40)
+    assert len(restarted.stored_before_start) == 30
+    restarted.write(Audit.topic, 0, 30, 59, audits[30:60])
+    assert len(restarted.stored_before_start) == 30  # 30 newer ids stored: not yet as many as the memory holds
+    restarted.write(Audit.topic, 0, 60, n - 1, audits[60:])
+    assert restarted.stored_before_start == {} and len(restarted.recent) == 40
+
+
 def test_a_restarted_sink_leaves_its_own_batch_redelivered_to_the_insert_token(chdb_client, ch_database) -> None:
     """A crash between the insert and the offset commit: the same batch comes again. Its records are in
     the table under this very batch's token, so the read-back must not drop them: ClickHouse's token
