@@ -21,6 +21,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from entroloop.contract.records import NEGATIVE_RATING
+from entroloop.report.feedback_funnel import feedback_funnel_sql
+
 # Every panel, variable and annotation queries the datasource chosen in the `datasource` variable
 # (default: the provisioned one, uid `clickhouse`), so one dashboard serves several ClickHouse
 # servers (staging, production) without copies.
@@ -547,9 +550,8 @@ def bad_case_dashboard() -> dict[str, Any]:
             "Bad-case funnel", "bargauge",
             f"""
 SELECT stage, n FROM (
-    SELECT 1 AS step, 'feedback' AS stage, sum(feedback) AS n FROM {DB}.feedback_1m WHERE $__timeFilter(minute)
-    UNION ALL SELECT 2, 'negative feedback', sumIf(feedback, rating < 0) FROM {DB}.feedback_1m WHERE $__timeFilter(minute)
-    UNION ALL SELECT 3, 'corrections', sum(corrections) FROM {DB}.feedback_1m WHERE $__timeFilter(minute)
+    SELECT stage_row.1 AS step, stage_row.2 AS stage, stage_row.3 AS n FROM ({feedback_funnel_sql(DB, '$__timeFilter(emitted_at)', NEGATIVE_RATING)})
+    ARRAY JOIN [(1, 'feedback', feedback), (2, 'negative feedback', negative), (3, 'corrections', corrections)] AS stage_row
     UNION ALL SELECT 4, 'bad cases', sum(bad_cases) FROM {DB}.bad_cases_1m WHERE $__timeFilter(minute) AND {MR}
     UNION ALL SELECT 5, 'retrain requests', count() FROM {DB}.retrain_requests FINAL WHERE $__timeFilter(emitted_at) AND {M}
     UNION ALL SELECT 6, 'adapters trained', count() FROM {DB}.adapters FINAL WHERE $__timeFilter(registered_at) AND {M}
@@ -559,7 +561,8 @@ SELECT stage, n FROM (
         WHERE $__timeFilter(at) AND adapter_id IN (SELECT adapter_id FROM {DB}.adapters WHERE {M})
 ) ORDER BY step""",
             width=24, height=9,
-            description="Feedback → bad cases (by label below) → retrain requests → adapters trained, promoted, rolled back.",
+            description="Feedback → bad cases (by label below) → retrain requests → adapters trained, promoted, rolled back. "
+                        "Feedback counts only where it applies to the answer's tenant (as the bad-case join and the report do).",
             options={"orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True,
                      "reduceOptions": {"values": True, "calcs": [], "fields": "/^n$/"}},
         ),

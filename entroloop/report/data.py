@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from entroloop.contract.records import NEGATIVE_RATING
+from entroloop.report.feedback_funnel import feedback_funnel_sql
 from entroloop.report.window import ReportWindow
 
 BUCKET_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
@@ -258,19 +259,9 @@ def _load_latency(r: _Reader, data: ReportData) -> None:
 
 
 def _load_funnel(r: _Reader, data: ReportData) -> None:
-    # A verdict counts for the answer's own tenant only (``verdict_applies``: equal tenants, or either
-    # empty; an answer not stored has none): another tenant that learned request ids cannot inflate
-    # this funnel any more than it can reach bad cases.
-    ((feedback, negative, corrections, other_tenant),) = r.rows(f"""
-        SELECT countIf(applies), countIf(applies AND rating <= {int(data.negative_rating)}),
-               countIf(applies AND has_correction), countIf(NOT applies)
-        FROM (
-            SELECT f.rating, f.has_correction, f.tenant = '' OR a.tenant = '' OR f.tenant = a.tenant AS applies
-            FROM (SELECT request_id, rating, has_correction, tenant FROM {{db}}.feedback FINAL WHERE {{in_window}}) AS f
-            LEFT JOIN (SELECT request_id, any(tenant) AS tenant FROM {{db}}.audit_index
-                       WHERE request_id IN (SELECT request_id FROM {{db}}.feedback WHERE {{in_window}})
-                       GROUP BY request_id) AS a USING (request_id)
-        )""")
+    # Counted as the Grafana funnel counts them: only verdicts on the answer's own tenant's answers.
+    ((feedback, negative, corrections, other_tenant),) = r.rows(
+        feedback_funnel_sql("{db}", "{in_window}", data.negative_rating))
     data.other_tenant_feedback = int(other_tenant)
     registered = data.window.sql("registered_at")
     changed = data.window.sql("at")

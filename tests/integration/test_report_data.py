@@ -11,6 +11,8 @@ import uuid
 import pytest
 from entroloop.sinks.clickhouse.writer import ClickHouseSink
 
+from dashboards.generate import bad_case_dashboard
+from dashboards.macros import TimeRange, expand, iter_panels
 from entroloop.report import ReportWindow, load_report_data, render_page
 from tests.integration.chromium import dump_dom
 from tests.integration.report_store import (
@@ -114,6 +116,24 @@ def test_alerts_funnel_and_tables_follow_the_window(late, everything):
     assert not {r["request_id"] for r in late.worst_requests} & {"early-0", "early-1", "early-2", "early-3"}
     # the adapters were registered now, long after the late window
     assert late.adapters == [] and funnel["adapters trained"] == 0
+
+
+def test_the_grafana_funnel_counts_the_feedback_the_report_counts(store, chdb_client, late, everything):
+    """The Grafana funnel used to read `feedback_1m`, which does not know the answer's tenant, and so
+    counted the rival tenant's rating that the report leaves out. Its SQL, expanded as Grafana would
+    (model and route set to All), now gives the report's first three steps."""
+    (funnel_panel,) = [p for p in iter_panels(bad_case_dashboard()) if p["title"] == "Bad-case funnel"]
+    sql = funnel_panel["targets"][0]["rawSql"].replace("entroloop.", f"{store.database}.")
+    values = {
+        var: [str(v) for (v,) in chdb_client.query(f"SELECT DISTINCT {var} FROM {store.database}.audit_index").result_rows]
+        for var in ("model", "route")
+    }
+    for report, window in ((late, LATE_WINDOW), (everything, ReportWindow(EARLY - 10, LATE + 500))):
+        time_range = TimeRange.from_unix(window.since, window.until).for_panel(funnel_panel)
+        grafana = dict(chdb_client.query(expand(sql, time_range, values)).result_rows)
+        steps = ("feedback", "negative feedback", "corrections")
+        assert [grafana[s] for s in steps] == [dict(report.funnel)[s] for s in steps]
+    assert [grafana[s] for s in steps] == [4, 3, 3]  # of the 5 stored: the rival's rating is left out
 
 
 def test_adapters_table_gives_version_state_and_metrics(store, chdb_client):
