@@ -151,8 +151,9 @@ def test_a_burst_killed_mid_batch_loses_no_action_and_repeats_none(kafka_bootstr
     produce(kafka_bootstrap, topic_prefix, [(a.request_id, codec.encode(a)) for a in burst])
     receiver.delay_s = 0.1  # a slow gateway: the batch takes a while
 
-    proc = subprocess.Popen([sys.executable, "-m", "entroloop.cli", "actions", "--concurrency", "2"], cwd=REPO_ROOT,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # a short session: the restarted runner waits for the killed one's session to expire before it gets the partitions
+    proc = subprocess.Popen([sys.executable, "-m", "entroloop.cli", "actions", "--concurrency", "2", "--session-timeout-s",
+                             "6"], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while len(receiver.requests) < 8 and proc.poll() is None and time.monotonic() < deadline:

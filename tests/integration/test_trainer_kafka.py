@@ -156,7 +156,7 @@ def test_killed_trainer_resumes_its_job_and_starts_no_second(kafka_bootstrap, to
     jobs = JobStore(root).jobs()
     assert len(jobs) == 1 and jobs[0].state == "accepted" and jobs[0].status()["attempts"] == 2
     assert calls(root) == [f"dataset {key}", f"train {key}", f"train {key}", f"gate {key}"]
-    names = [a.action for a in sorted(actions_on_topic(kafka_bootstrap, topic_prefix, 8), key=lambda a: a.emitted_at)
+    names = [a.action for a in sorted(actions_on_topic(kafka_bootstrap, topic_prefix, 6), key=lambda a: a.emitted_at)
              if a.alert_key == key]
     assert names.count("retrain.claimed") == 1 and names.count("retrain.duplicate") == 1
     assert [n for n in names if n != "retrain.duplicate"] == [
