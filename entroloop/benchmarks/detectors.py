@@ -100,9 +100,11 @@ def _timed(fresh: Callable[[], Processor], inputs: Sequence[Event], runs: int,
 
 
 def run(requests: int = 3000, seed: int = 11, with_intent: bool | None = None, progress: Callable[[str], None] = lambda _: None,
-        intent_runs: int = intent_bench.RUNS, runs: int = DEFAULT_RUNS) -> dict[str, dict[str, Any]]:
+        intent_runs: int = intent_bench.RUNS, runs: int = DEFAULT_RUNS, intent_pairs: Path | None = None
+        ) -> dict[str, dict[str, Any]]:
     """Precision, recall and events/s per processor: ``{name: {precision, recall, events_per_s}}``
-    (``events_per_s`` the median of ``runs`` timings; ``events_per_s_runs`` holds them all)."""
+    (``events_per_s`` the median of ``runs`` timings; ``events_per_s_runs`` holds them all). The intent
+    scorers' AUROC is measured on ``intent_pairs`` (default: the hand-written set)."""
     fleet = SyntheticFleet(seed=seed)
     reqs = list(fleet.requests(requests))
     labels = {q.labels.request_id: q.labels for q in reqs}
@@ -119,7 +121,8 @@ def run(requests: int = 3000, seed: int = 11, with_intent: bool | None = None, p
                 key=lambda r: r.emitted_at,
             )
         if isinstance(processor, IntentSimilarityScorer):
-            results.update(intent_bench.measure(processor, inputs, labels, settings, runs=intent_runs))
+            results.update(intent_bench.measure(processor, inputs, labels, settings, runs=intent_runs,
+                                                labelled_set=intent_pairs or intent_bench.LABELLED_SET))
             continue
         out, measured = _timed(lambda name=processor.name: _fresh_processor(settings, name), inputs, runs, settings)
         rate = measured["rate"].median

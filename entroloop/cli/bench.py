@@ -28,13 +28,17 @@ def detectors(
     as_json: AsJson = False,
     runs: Annotated[int, typer.Option(min=1, help="Timing runs of every processor (a fresh one each) and of the intent "
                                                   "scorers; speeds are their median, with the spread.")] = 3,
+    intent_pairs: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False,
+        help="Labelled query/answer pairs (the `entroloop eval intent` format) to measure the intent scorers' AUROC "
+             "on; default: the hand-written set tests/data/intent/pairs.jsonl.")] = None,
 ) -> None:
     """Precision/recall of every detector against the fleet's labels, and events/s per processor; intent: the model
     alone and the two-stage cascade, pairs/s per stage, the share each decided, AUROC on the hand-written set."""
     from entroloop.benchmarks import detectors as bench
 
     with console.status("benchmarking detectors") as status:
-        results = bench.run(requests, intent_runs=runs, runs=runs,
+        results = bench.run(requests, intent_runs=runs, runs=runs, intent_pairs=intent_pairs,
                             progress=lambda name: status.update(f"benchmarking {name}"))
     table = Table("detector", "precision", "recall", "events/s")
     for name, r in results.items():

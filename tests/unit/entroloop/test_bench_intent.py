@@ -77,3 +77,15 @@ def test_rows_are_medians_with_targets_and_reach_the_report(measured: dict, tmp_
     assert "intent_similarity_cascade precision / recall" in rows
     report = write_benchmarks(list(rows.values()), tmp_path / "B.md").read_text()
     assert "| intent_stage_model pairs/s (1 core) |" in report
+
+
+def test_a_missing_intent_pairs_file_is_refused_before_any_work(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from entroloop.cli import app
+
+    missing = tmp_path / "nowhere.jsonl"
+    result = CliRunner().invoke(app, ["bench", "detectors", "--intent-pairs", str(missing), "--out", str(tmp_path / "B.md")])
+    assert result.exit_code == 2
+    assert "--intent-pairs" in result.output and "does not exist" in result.output
+    assert not (tmp_path / "B.md").exists()
