@@ -110,8 +110,18 @@ def _redeliver_head(consumer: Any, tp: Any, offset: int) -> bool:
         return False  # called outside the worker's loop (tests of the arithmetic)
     log.warning("offset %s of %s was skipped by Faust and never acknowledged: the commit is held there; "
                 "seeking back to deliver it again", offset, tp)
-    loop.create_task(consumer.seek(tp, offset))
+    loop.create_task(_seek_on_consumer_thread(consumer, tp, offset))
     return True
+
+
+async def _seek_on_consumer_thread(consumer: Any, tp: Any, offset: int) -> None:
+    """``Consumer.seek``, but run on the consumer's own thread. Faust's ``Consumer.seek`` calls
+    aiokafka's ``seek`` from the app's thread while the consumer thread iterates the fetcher's
+    records: the seek deleted a partition's entry mid-iteration, the Fetcher crashed with a KeyError
+    and the worker stayed up doing nothing (CI, test_rebalance_second_worker_joins_then_leaves: two
+    alerts never made). ``seek_wait`` hands the seek to the consumer thread and waits for it."""
+    await consumer.seek_wait({tp: offset})
+    consumer._read_offset[tp] = offset if offset else None  # as Consumer.seek: re-read from here
 
 
 def stalled_partition_check(

@@ -151,10 +151,14 @@ def _seeking_consumer() -> tuple[Any, str, TP, list[tuple[int, int]]]:
     tp = TP(topic, 4)
     seeks: list[tuple[int, int]] = []
 
-    async def seek(partition: TP, offset: int) -> None:
-        seeks.append((partition.partition, offset))
+    async def seek_wait(partitions: dict[TP, int]) -> None:  # runs the seek on the consumer's thread
+        seeks.extend((partition.partition, offset) for partition, offset in partitions.items())
 
-    consumer.seek = seek
+    async def seek(partition: TP, offset: int) -> None:
+        raise AssertionError("Consumer.seek runs aiokafka's seek on the app's thread, racing the consumer "
+                             "thread's fetch loop (a KeyError crashed the Fetcher in CI)")
+
+    consumer.seek_wait, consumer.seek = seek_wait, seek
     return consumer, topic, tp, seeks
 
 
@@ -227,3 +231,14 @@ def test_a_partition_being_worked_on_or_caught_up_is_left_alone() -> None:
     assert _stalled(highwater=20, acked=[], in_flight=True) == []  # a record is being processed
     assert _stalled(highwater=20, acked=[9, 10], in_flight=False) == []  # the commit path's hold decides
     assert _stalled(highwater=8, acked=[], in_flight=False) == []  # nothing after the committed offset
+
+
+def test_faust_consumer_offers_the_seek_that_runs_on_its_own_thread() -> None:
+    """The seek-back relies on ``Consumer.seek_wait(partitions)`` (a coroutine handing the seek to
+    the consumer thread); a Faust upgrade that drops or changes it must fail here, not in a worker."""
+    import inspect
+
+    from faust.transport.drivers.aiokafka import Consumer
+
+    assert inspect.iscoroutinefunction(Consumer.seek_wait)
+    assert list(inspect.signature(Consumer.seek_wait).parameters) == ["self", "partitions"]
