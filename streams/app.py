@@ -70,6 +70,7 @@ from typing import Any
 
 import faust
 from entroloop.streams.base import Processor, derive
+from entroloop.streams.faust_batches import finish_before_cancel
 from entroloop.streams.faust_delivery import DeliveryGuard
 from entroloop.streams.faust_drain import install_eager_drain
 from entroloop.streams.faust_monitor import LeanMonitor
@@ -79,6 +80,7 @@ from entroloop.streams.faust_offsets import (
     stalled_partition_check,
 )
 from entroloop.streams.faust_raw import RawBytesSchema
+from entroloop.streams.stop_watchdog import arm_stop_watchdog
 from entroloop.streams.table_state import TableState, TableStateSpec
 
 from entroloop.contract.codec import (
@@ -130,6 +132,8 @@ class StreamsConfig:
     producer_linger_s: float = 0.02
     commit_interval_s: float = 1.0
     health_interval_s: float = 10.0
+    stop_grace_s: float = 30.0
+    """How long a stopping worker may take before ``entroloop.streams.stop_watchdog`` exits it (code 70)."""
     max_record_bytes: int = 1 << 20
     concurrency: int = 1
     allow_unsafe_concurrency: bool = False
@@ -152,6 +156,7 @@ class StreamsConfig:
             "buffer_records": settings.streams_buffer_records,
             "commit_interval_s": settings.streams_commit_interval_s,
             "health_interval_s": settings.streams_health_interval_s,
+            "stop_grace_s": settings.streams_stop_grace_s,
             "datadir": str(settings.data_dir / "faust"),
             "faust_options": {
                 "broker_session_timeout": settings.streams_session_timeout_s,
@@ -354,20 +359,24 @@ class StreamsApp:
         )
         config = self.config
 
+        async def handle_batch(events: list[Any]) -> None:
+            records, dead = self._decode_batch(topic_name, record_type, events)
+            EVENTS_IN.labels("worker", topic_name).inc(len(events))  # per batch: never per record
+            outputs = self._run_processors(topic_name, inline, records)
+            if threaded:
+                loop = asyncio.get_running_loop()
+                outputs += await loop.run_in_executor(executor, self._run_processors, topic_name, threaded, records)
+            for processor in processors:  # on the loop: only here may a Faust table change
+                if (state := self.table_states.get(id(processor))) is not None:
+                    await self._send_changelog(state)
+            await self._send_all([*dead, *outputs])
+
         async def agent(stream: Any) -> None:
-            loop = asyncio.get_running_loop()
             async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
-                records, dead = self._decode_batch(topic_name, record_type, events)
-                EVENTS_IN.labels("worker", topic_name).inc(len(events))  # per batch: never per record
-                outputs = self._run_processors(topic_name, inline, records)
-                if threaded:
-                    outputs += await loop.run_in_executor(executor, self._run_processors, topic_name, threaded, records)
-                for processor in processors:  # on the loop: only here may a Faust table change
-                    if (state := self.table_states.get(id(processor))) is not None:
-                        await self._send_changelog(state)
-                await self._send_all([*dead, *outputs])
-                # take_events acknowledges this batch when the loop comes back here: after the
-                # outputs are in the producer, which Faust flushes before it commits the offsets.
+                # take_events acknowledges this batch when the loop comes back here, or when a
+                # cancellation leaves it: so the batch is finished first (streams/faust_batches.py),
+                # its outputs in the producer, which Faust flushes before it commits the offsets.
+                await finish_before_cancel(handle_batch(events))
 
         agent.__name__ = agent.__qualname__ = "agent_" + topic_name.replace(".", "_")
         self.app.agent(source, name=f"{self.app.conf.id}.{topic_name}", concurrency=config.concurrency)(agent)
@@ -642,6 +651,14 @@ class StreamsApp:
                 level = logging.getLevelName(loglevel.upper())
                 if isinstance(level, int):
                     logging.getLogger().setLevel(level)
+
+            async def on_stop(self) -> None:
+                # Every way of stopping passes here (a signal, a crashed service); a stop that hangs
+                # (the consumer thread gone after a Fetcher crash) must not leave a silent process.
+                arm_stop_watchdog(grace_s, lambda: repr(self.crash_reason) if self.crash_reason else "a stop request")
+                await super().on_stop()
+
+        grace_s = self.config.stop_grace_s
 
         self.ensure_topics()
         tune_for_streaming()  # the start-up heap frozen, collections batched (entroloop.infra.gc_policy)

@@ -632,6 +632,12 @@ class Settings(BaseSettings):
     streams_health_interval_s: float = Field(
         10.0, gt=0, description="How often each worker publishes Health records (consumer lag, last commit age)."
     )
+    streams_stop_grace_s: float = Field(
+        30.0, gt=0,
+        description="How long a stopping worker may take (flush, commit, leave the group) before it exits with "
+        "code 70 anyway: a stop that hangs (the consumer thread gone after a Faust Fetcher crash) would leave a "
+        "process that consumes nothing and ignores SIGTERM. Its uncommitted records go to the next worker.",
+    )
     metrics_port: int = Field(
         0, ge=0, le=65535,
         description="Serve Prometheus metrics (entroloop_* counters: events in/out and dead-lettered per topic, lag, "

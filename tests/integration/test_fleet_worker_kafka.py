@@ -114,8 +114,9 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 
 
 def start_worker(bootstrap: str, prefix: str, tmp: Path, metrics_port: int = 0,
-                 extra_env: dict[str, str] | None = None) -> tuple[WorkerProcess, Path]:
-    """``entroloop worker`` on ``prefix``'s topics, with short session and commit intervals."""
+                 extra_env: dict[str, str] | None = None, module: str = "entroloop.cli") -> tuple[WorkerProcess, Path]:
+    """``entroloop worker`` on ``prefix``'s topics, with short session and commit intervals (``module``: a
+    test's wrapper of the CLI that injects a fault)."""
     env = {
         "ENTROLOOP_METRICS_PORT": str(metrics_port),
         "ENTROLOOP_KAFKA_BOOTSTRAP": bootstrap,
@@ -130,7 +131,7 @@ def start_worker(bootstrap: str, prefix: str, tmp: Path, metrics_port: int = 0,
         "ENTROLOOP_ENTROPY_EVIDENCE": "false",
         **(extra_env or {}),
     }
-    worker = WorkerProcess(tmp, "entroloop.cli", "worker", "--log-level", "info", env=env)
+    worker = WorkerProcess(tmp, module, "worker", "--log-level", "info", env=env)
     return worker, worker.log_path
 
 

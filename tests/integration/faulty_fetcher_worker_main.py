@@ -1,0 +1,48 @@
+"""``entroloop worker`` whose Kafka fetcher fails once, mid-stream: the fault the worker must survive.
+
+    python -m tests.integration.faulty_fetcher_worker_main worker [OPTIONS]   (the CLI's own arguments)
+
+After ``ENTROLOOP_TEST_FETCH_FAULT_AFTER`` records were fetched, the next call of aiokafka's
+``Fetcher.fetched_records`` raises ``KeyError`` (what a seek from the wrong thread raised in CI, from
+the same method), once; Faust's Fetcher service then crashes and the worker stops. With
+``ENTROLOOP_TEST_SLOW_SEND_S`` every batch waits that long before handing its outputs to the
+producer (as behind a full producer buffer), so the stop finds the agents in the middle of batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import aiokafka.consumer.fetcher as aiokafka_fetcher
+from entroloop.streams.app import StreamsApp
+
+from entroloop.cli import main
+
+FAULT_AFTER = int(os.environ["ENTROLOOP_TEST_FETCH_FAULT_AFTER"])
+SLOW_SEND_S = float(os.environ.get("ENTROLOOP_TEST_SLOW_SEND_S", "0"))
+_fetched_records = aiokafka_fetcher.Fetcher.fetched_records
+_send_all = StreamsApp._send_all
+_state = {"records": 0, "fired": False}
+
+
+async def fetched_records_failing_once(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    if not _state["fired"] and _state["records"] >= FAULT_AFTER:
+        _state["fired"] = True
+        raise KeyError("injected fetcher fault")
+    batch = await _fetched_records(self, *args, **kwargs)
+    _state["records"] += sum(len(records) for records in batch.values())
+    return batch
+
+
+async def slow_send_all(self, records):  # type: ignore[no-untyped-def]
+    await asyncio.sleep(SLOW_SEND_S)
+    await _send_all(self, records)
+
+
+aiokafka_fetcher.Fetcher.fetched_records = fetched_records_failing_once
+if SLOW_SEND_S:
+    StreamsApp._send_all = slow_send_all
+
+if __name__ == "__main__":
+    main()
