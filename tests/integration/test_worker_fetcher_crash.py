@@ -2,7 +2,7 @@
 
 Before ``entroloop.streams.stop_watchdog`` such a worker hung for ever in its own stop: alive,
 consuming nothing, deaf to SIGTERM (what CI run G saw after a seek raced the consumer thread). The
-fault is injected by ``tests.integration.faulty_fetcher_worker_main``: one ``KeyError`` out of
+fault is injected by ``tests.integration.fault_injected_worker_main``: one ``KeyError`` out of
 aiokafka's ``fetched_records`` after the worker has fetched some records.
 """
 
@@ -27,7 +27,7 @@ def test_a_worker_whose_fetcher_crashed_exits_and_its_replacement_loses_nothing(
     reader = fleet_worker.AlertReader(kafka_bootstrap, topic_prefix + Alert.topic)
     grace = {"ENTROLOOP_STREAMS_STOP_GRACE_S": str(GRACE_S)}
     faulty, faulty_log = fleet_worker.start_worker(
-        kafka_bootstrap, topic_prefix, tmp_path, module="tests.integration.faulty_fetcher_worker_main",
+        kafka_bootstrap, topic_prefix, tmp_path, module="tests.integration.fault_injected_worker_main",
         extra_env={**grace, "ENTROLOOP_TEST_FETCH_FAULT_AFTER": "300", "ENTROLOOP_TEST_SLOW_SEND_S": "0.5"})
     worker = None
     try:

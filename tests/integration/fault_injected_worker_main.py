@@ -1,8 +1,8 @@
-"""``entroloop worker`` whose Kafka fetcher fails once, mid-stream: the fault the worker must survive.
+"""``entroloop worker`` with faults injected: a Kafka fetcher that fails once, mid-stream, and slow sends.
 
-    python -m tests.integration.faulty_fetcher_worker_main worker [OPTIONS]   (the CLI's own arguments)
+    python -m tests.integration.fault_injected_worker_main worker [OPTIONS]   (the CLI's own arguments)
 
-After ``ENTROLOOP_TEST_FETCH_FAULT_AFTER`` records were fetched, the next call of aiokafka's
+After ``ENTROLOOP_TEST_FETCH_FAULT_AFTER`` records were fetched (unset: never), the next call of aiokafka's
 ``Fetcher.fetched_records`` raises ``KeyError`` (what a seek from the wrong thread raised in CI, from
 the same method), once; Faust's Fetcher service then crashes and the worker stops. With
 ``ENTROLOOP_TEST_SLOW_SEND_S`` every batch waits that long before handing its outputs to the
@@ -19,7 +19,7 @@ from entroloop.streams.app import StreamsApp
 
 from entroloop.cli import main
 
-FAULT_AFTER = int(os.environ["ENTROLOOP_TEST_FETCH_FAULT_AFTER"])
+FAULT_AFTER = int(os.environ.get("ENTROLOOP_TEST_FETCH_FAULT_AFTER", "-1"))
 SLOW_SEND_S = float(os.environ.get("ENTROLOOP_TEST_SLOW_SEND_S", "0"))
 _fetched_records = aiokafka_fetcher.Fetcher.fetched_records
 _send_all = StreamsApp._send_all
@@ -27,7 +27,7 @@ _state = {"records": 0, "fired": False}
 
 
 async def fetched_records_failing_once(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-    if not _state["fired"] and _state["records"] >= FAULT_AFTER:
+    if FAULT_AFTER >= 0 and not _state["fired"] and _state["records"] >= FAULT_AFTER:
         _state["fired"] = True
         raise KeyError("injected fetcher fault")
     batch = await _fetched_records(self, *args, **kwargs)
