@@ -44,10 +44,11 @@ OUTPUTS = {"dev": FOLDER / "lm_traces_dev.jsonl", "test": FOLDER / "lm_traces_te
 FRESH_OUTPUT = FOLDER / "lm_traces_fresh.jsonl"
 """FRESH: generated after every detector setting and label rule was final, from prompts that neither
 DEV nor TEST holds; nobody looked at it before it was scored. All of it is reported."""
-READ_SPLITS = {"read": (1403, "lmr"), "read2": (1404, "lmr2")}
-"""READ and READ2 (seed, id prefix): labelled by a reader, not by ``text_labels``: every text read end
-to end from a sheet that shows only the prompt and the decoded text, before any detector ran on the
-file (see the README). READ2 was generated after the settings that READ's scoring led to were final."""
+READ_SPLITS = {"read": (1403, "lmr"), "read2": (1404, "lmr2"), "read3": (1405, "lmr3")}
+"""READ, READ2 and READ3 (seed, id prefix): labelled by a reader, not by ``text_labels``: every text
+read end to end from a sheet that shows only the prompt and the decoded text, before any detector ran
+on the file (see the README). READ2 was generated after the settings that READ's scoring led to were
+final; READ3 (a second blind split) after READ2 was scored, with no setting changed since."""
 READ_OUTPUTS = {name: FOLDER / f"lm_traces_{name}.jsonl" for name in READ_SPLITS}
 READING = FOLDER / "reading"
 """Reading sheets (what the reader saw) and the labels written from them, by sheet key."""
@@ -188,7 +189,7 @@ def plan_read_requests(
     name: str, used_prompts: frozenset[str], count_per_lang: int = 20, regimes: tuple[Regime, ...] = REGIMES
 ) -> list[Request]:
     """A READ split: 40 prompts that no earlier split uses, every prompt in every regime; ids
-    ``lmr-NNNN`` (READ), ``lmr2-NNNN`` (READ2)."""
+    ``lmr-NNNN`` (READ), ``lmr2-NNNN`` (READ2), ``lmr3-NNNN`` (READ3)."""
     seed, prefix = READ_SPLITS[name]
     prompts = corpus_prompts(count_per_lang, seed, exclude=used_prompts | set(HANDWRITTEN_PROMPTS))
     return _requests(prompts, regimes, random.Random(seed), prefix)
@@ -499,7 +500,7 @@ def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path |
 
 def relabel(outputs: dict[str, Path] | None = None) -> list[tuple[str, dict, dict]]:
     """Labels recomputed from each checked-in line's decoded text (no model, no engine): what a
-    change to ``tests.corpora.text_labels`` does to the files (default: DEV, TEST, READ, READ2).
+    change to ``tests.corpora.text_labels`` does to the files (default: DEV, TEST and the READ splits).
     Returns (id, old, new) per change."""
     outputs = outputs or {**OUTPUTS, **READ_OUTPUTS}
     lex = lexicon()
@@ -529,7 +530,7 @@ def _command_line(argv: list[str]) -> None:
                       help=f"write lm_traces_NAME.jsonl unlabelled, and reading/NAME_sheet.md for a reader "
                            f"(NAME: {', '.join(READ_SPLITS)})")
     what.add_argument("--apply-read-labels", action="store_true",
-                      help="label READ, READ2 and DEV from reading/*_labels.jsonl")
+                      help="label the READ splits and DEV from reading/*_labels.jsonl")
     what.add_argument("--relabel", action="store_true",
                       help="recompute the text rules' labels from the stored texts (no model; a reader's label "
                            "stays, the rules' verdict beside it is updated)")
