@@ -195,6 +195,15 @@ def plan_read_requests(
     return _requests(prompts, regimes, random.Random(seed), prefix)
 
 
+def read_split_requests(name: str) -> list[Request]:
+    """A READ split's requests: its prompts pass over every prompt of the splits made before it
+    (DEV, TEST, FRESH and the earlier READ splits)."""
+    names = list(READ_SPLITS)
+    earlier = (*OUTPUTS.values(), FRESH_OUTPUT, *(READ_OUTPUTS[n] for n in names[: names.index(name)]))
+    used = frozenset(line["generator"]["prompt"] for line in read_lines(earlier).values())
+    return plan_read_requests(name, used)
+
+
 def sheet_key(request_id: str) -> str:
     """A READ line's name on the reading sheet. Not its id: ids are numbered prompt by prompt and
     regime by regime, so the id would tell the reader the sampling temperature."""
@@ -467,10 +476,7 @@ def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path |
         used = frozenset(line["generator"]["prompt"] for line in read_lines().values())
         requests, paths = plan_fresh_requests(used), [FRESH_OUTPUT]
     elif split in READ_SPLITS:
-        names = list(READ_SPLITS)
-        earlier = [*OUTPUTS.values(), FRESH_OUTPUT, *(READ_OUTPUTS[n] for n in names[: names.index(split)])]
-        used = frozenset(line["generator"]["prompt"] for line in read_lines(tuple(earlier)).values())
-        requests, paths = plan_read_requests(split, used), [READ_OUTPUTS[split]]
+        requests, paths = read_split_requests(split), [READ_OUTPUTS[split]]
     else:
         requests, paths = plan_requests(count_per_lang), list(OUTPUTS.values())
     lex = lexicon()

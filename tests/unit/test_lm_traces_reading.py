@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.corpora.lm_traces import (
+    FRESH_OUTPUT,
+    OUTPUTS,
+    READ_OUTPUTS,
     READER_LABELS,
     apply_read_labels,
+    read_lines,
+    read_split_requests,
     relabel,
     sheet_key,
     write_lines,
@@ -122,3 +127,22 @@ def test_the_command_line_names_each_split_and_refuses_the_rest(monkeypatch: pyt
         assert exit_info.value.code == 2, wrong
     assert "invalid choice: 'read9'" in capsys.readouterr().err
     assert asked == []
+
+
+def test_each_read_split_holds_its_planned_requests_and_no_earlier_prompt() -> None:
+    """A READ split is blind only if its prompts are new: the checked-in lines are exactly what
+    ``read_split_requests`` plans (ids, prompts, regimes, lengths), and none of their prompts is in a
+    split made before it (DEV, TEST, FRESH, the earlier READ splits)."""
+    earlier = {line["generator"]["prompt"] for line in read_lines((*OUTPUTS.values(), FRESH_OUTPUT)).values()}
+    for name, path in READ_OUTPUTS.items():
+        planned = {r.id: r for r in read_split_requests(name)}
+        stored = read_lines((path,))
+        assert planned.keys() == stored.keys(), name
+        for request_id, line in stored.items():
+            request = planned[request_id]
+            assert line["generator"]["prompt"] == request.prompt, request_id
+            assert line["generator"]["regime"] == request.regime.name, request_id
+            assert len(line["token_ids"]) == request.max_tokens, request_id  # ignore_eos: every token
+        prompts = {r.prompt for r in planned.values()}
+        assert not prompts & earlier, name
+        earlier |= prompts

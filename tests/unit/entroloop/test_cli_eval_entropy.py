@@ -184,6 +184,22 @@ def test_the_real_model_read_by_a_person(tmp_path: Path) -> None:
     assert first["gibberish"]["precision"] == 1.0 and first["gibberish"]["recall"] >= 0.95
 
 
+def test_the_real_model_second_blind_read_split(tmp_path: Path) -> None:
+    """READ3: 40 more prompts, generated after READ2 was scored, read and labelled (labels committed)
+    before any detector ran on it, with no setting changed since READ2. Its weights are another
+    sibling's (trained on another machine). Disagreements, read after scoring: one false loop (five
+    variants of one usage line that the reader called a list, borderline), three gibberish texts
+    under the surprisal edge (one T=1.5 word salad, two borderline T=1.0 texts); from entropies
+    alone one loop is missed (156 tokens of blank lines, whose entropies wander)."""
+    blind = _figures(CORPUS / "lm_traces_read3.jsonl", True, tmp_path)
+    assert blind["requests"] == 200 and blind["loop"]["support"] == 40 and blind["gibberish"]["support"] == 81
+    assert blind["loop"]["recall"] == 1.0 and blind["loop"]["precision"] >= 0.97
+    assert blind["gibberish"]["precision"] == 1.0 and blind["gibberish"]["recall"] >= 0.96
+    alone = _figures(CORPUS / "lm_traces_read3.jsonl", False, tmp_path)
+    assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.97
+    assert alone["gibberish"]["predicted"] == 0
+
+
 def test_the_real_model_test_split_under_the_static_rules_alone(tmp_path: Path) -> None:
     """What the literal rules see on the same traces: not one real loop (none is low-entropy), and
     gibberish at precision below one half (normal text has high-entropy runs too)."""
