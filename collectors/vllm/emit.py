@@ -126,6 +126,8 @@ class TokenEntropyEmitter:
             token_hashes=pack_token_hashes(chunk.token_ids) if chunk.token_ids else b"",
             # pre-temperature surprisals of the sampled tokens (one step late, see EntropyTap)
             surprisals=pack_entropies(chunk.surprisals) if chunk.surprisals else b"",
+            # entropies at the request's sampling temperature (sampled requests only, see EntropyTap)
+            sampling_entropies=pack_entropies(chunk.sampling_entropies) if chunk.sampling_entropies else b"",
             chunk_index=chunk.chunk_index,
             first_token_index=chunk.first_token_index,
             final=chunk.final,

@@ -26,6 +26,15 @@ from dataclasses import dataclass, field
 # How many request ids the ledger remembers after shipping, so a preempted request that comes
 # back continues its chunk numbering instead of restarting at 0.
 RESUMABLE_MEMORY = 4096
+# vLLM's _SAMPLING_EPS: a request whose temperature is below it is decoded greedily.
+GREEDY_BELOW = 1e-5
+
+
+def sampling_temperature(temperature: float | None) -> float | None:
+    """The temperature a request is sampled at, or None when it is greedy (or not known)."""
+    if temperature is None or not math.isfinite(temperature) or temperature < GREEDY_BELOW:
+        return None
+    return float(temperature)
 
 
 @dataclass
@@ -45,6 +54,10 @@ class RequestTrace:
     # The sampled tokens' surprisals by the same positions as ``values`` (credited one step late,
     # once vLLM has sampled the token); NaN where one is missing, which keeps the chunk without them.
     surprisals: list[float] = field(default_factory=list)
+    # The request's sampling temperature (None: greedy or unknown, and then no sampling entropies),
+    # and the entropies at that temperature by the same positions (NaN where one is missing).
+    temperature: float | None = None
+    sampling: list[float] = field(default_factory=list)
 
     def position(self) -> int:
         """Output-token position of the token sampled from this step's logits."""
@@ -67,6 +80,10 @@ class RequestTrace:
         """Store the surprisal of the token sampled at ``position`` (same positions as ``record``).
         A position never credited is NaN, so the chunk knows it lacks one and ships none."""
         _store_at(self.surprisals, position - self.base, value, pad=math.nan)
+
+    def record_sampling(self, position: int, value: float) -> None:
+        """Store the entropy at the sampling temperature of the token at ``position`` (as ``record_surprisal``)."""
+        _store_at(self.sampling, position - self.base, value, pad=math.nan)
 
 
 def _store_at(values: list[float], index: int, value: float, pad: float | None) -> None:
@@ -98,6 +115,9 @@ class ShippedChunk:
     """The sampled token id of each value (same length), or None when the runner gave no id list."""
     surprisals: list[float] | None = None
     """The sampled token's surprisal for each value (same length), or None when any is missing."""
+    sampling_entropies: list[float] | None = None
+    """The entropy at the request's sampling temperature for each value (same length), or None for a
+    greedy request or when any is missing."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +128,8 @@ class AddedRow:
     request_id: str
     trace_id: str = ""
     output_token_ids: Sequence[int] | None = None
+    temperature: float | None = None
+    """SamplingParams.temperature (None when the runner does not say); below ``GREEDY_BELOW``: greedy."""
 
 
 @dataclass(frozen=True)
@@ -202,11 +224,9 @@ class RowLedger:
             while len(trace.values) > self.chunk_tokens:
                 # Keep the newest value: it may still be overwritten by a discarded-step rerun.
                 head, trace.values = trace.values[: self.chunk_tokens], trace.values[self.chunk_tokens :]
-                shipped.append(
-                    ShippedChunk(trace.request_id, trace.trace_id, head, trace.chunk_index, trace.base, False,
-                                 _sampled_ids(trace, len(head)), _surprisals(trace, len(head)))
-                )
+                shipped.append(_chunk(trace, head, final=False))
                 trace.surprisals = trace.surprisals[len(head) :]
+                trace.sampling = trace.sampling[len(head) :]
                 trace.chunk_index += 1
                 trace.base += len(head)
         return shipped
@@ -226,6 +246,7 @@ class RowLedger:
             output_token_ids=row.output_token_ids,
             base=base,
             chunk_index=chunk_index,
+            temperature=sampling_temperature(row.temperature),
         )
 
     def _ship(self, trace: RequestTrace, final: bool) -> ShippedChunk:
@@ -234,12 +255,23 @@ class RowLedger:
             # Never ship more values than the request has tokens (a last step whose sample was
             # thrown away, e.g. the request was aborted meanwhile).
             values = values[: max(0, len(trace.output_token_ids) - trace.base)]
-        chunk = ShippedChunk(trace.request_id, trace.trace_id, values, trace.chunk_index, trace.base, final,
-                             _sampled_ids(trace, len(values)), _surprisals(trace, len(values)))
+        chunk = _chunk(trace, values, final)
         self._next_chunk[trace.request_id] = (trace.chunk_index + 1, trace.base + len(values), trace.trace_id)
         while len(self._next_chunk) > RESUMABLE_MEMORY:
             self._next_chunk.popitem(last=False)
         return chunk
+
+
+def _chunk(trace: RequestTrace, values: list[float], final: bool) -> ShippedChunk:
+    """``values`` (the trace's entropies from ``trace.base`` on) as a chunk, with whatever of the
+    per-token extras is complete for them."""
+    count = len(values)
+    return ShippedChunk(
+        trace.request_id, trace.trace_id, values, trace.chunk_index, trace.base, final,
+        token_ids=_sampled_ids(trace, count),
+        surprisals=_every_one(trace.surprisals, count),
+        sampling_entropies=_every_one(trace.sampling, count) if trace.temperature is not None else None,
+    )
 
 
 def _sampled_ids(trace: RequestTrace, count: int) -> list[int] | None:
@@ -258,20 +290,35 @@ def _sampled_ids(trace: RequestTrace, count: int) -> list[int] | None:
     return ids
 
 
-def _surprisals(trace: RequestTrace, count: int) -> list[float] | None:
-    """The first ``count`` surprisals, or None unless every one of them was credited (finite)."""
-    head = trace.surprisals[:count]
+def _every_one(credited: list[float], count: int) -> list[float] | None:
+    """The first ``count`` values credited one by one (surprisals, sampling entropies), or None unless
+    every one of them was credited (finite)."""
+    head = credited[:count]
     if count == 0 or len(head) != count or not all(math.isfinite(v) for v in head):
         return None
     return head
 
 
 def credit(snapshot: Sequence[tuple[RequestTrace, int] | None], values: Sequence[float]) -> None:
-    """Credit one step's per-row entropies to the requests captured in ``snapshot``."""
+    """Credit one step's per-row entropies to the requests captured in ``snapshot``; a request
+    sampled at temperature 1 gets them as its sampling entropies too (the same distribution)."""
     for entry, value in zip(snapshot, values):
         if entry is not None:
             trace, position = entry
             trace.record(position, float(value))
+            if trace.temperature == 1.0:
+                trace.record_sampling(position, float(value))
+
+
+def credit_sampling(owners: Sequence[tuple[RequestTrace, int]], values: Sequence[float]) -> None:
+    """Credit entropies at the sampling temperature to ``(request, position)`` owners (one per value)."""
+    for (trace, position), value in zip(owners, values):
+        trace.record_sampling(position, float(value))
+
+
+def needs_sampling_pass(entry: tuple[RequestTrace, int] | None) -> bool:
+    """Whether a snapshot row needs its own reduction at its temperature (sampled, and not at T = 1)."""
+    return entry is not None and entry[0].temperature is not None and entry[0].temperature != 1.0
 
 
 def credit_surprisals(owners: Sequence[tuple[RequestTrace, int]], values: Sequence[float]) -> None:

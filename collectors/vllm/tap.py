@@ -13,14 +13,16 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from entroloop.collectors.vllm.entropy import HostTransfer
-from entroloop.collectors.vllm.fused_entropy import entropy_function
+from entroloop.collectors.vllm.fused_entropy import TemperatureEntropy, entropy_function
 from entroloop.collectors.vllm.ledger import (
     AddedRow,
     MovedRow,
     RowLedger,
     ShippedChunk,
     credit,
+    credit_sampling,
     credit_surprisals,
+    needs_sampling_pass,
     sampled_token,
 )
 
@@ -40,6 +42,11 @@ class EntropyTap:
     shifted logits it writes anyway, elsewhere a device copy of the logits), and the surprisals of
     the previous step's rows are gathered before this step's logits replace them. They travel to
     the host like the entropies. Without token ids (Model Runner V2) there are none.
+
+    Sampling entropies: each sampled request's entropy at its own temperature (from its
+    SamplingParams), which is what says a sampler runs too hot when no token ids travel. At T = 1
+    it is the entropy itself (credited on the host, no second pass); rows at any other temperature
+    get one more reduction of just those rows (``TemperatureEntropy``). Greedy rows get none.
     """
 
     def __init__(
@@ -56,9 +63,11 @@ class EntropyTap:
         self.ledger = RowLedger(chunk_tokens=chunk_tokens)
         self.transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
         self.surprisal_transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
+        self.sampling_transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
         # fused on CUDA (entroloop.collectors.vllm.fused_entropy); keeps the step's logits for surprisals
         self.entropy = entropy_function(device, keep_for_surprisal=surprisal)
         self.ships_surprisals = surprisal
+        self.entropy_at_temperatures = TemperatureEntropy(device)
         self._pending: list | None = None  # last step's snapshot, whose tokens are not sampled yet
         self.steps = 0
 
@@ -90,8 +99,19 @@ class EntropyTap:
         with torch.no_grad():
             values = self.entropy(logits)
         self.transfer.submit(values, snapshot)
+        self._reduce_at_temperatures(logits, snapshot)
         self._pending = snapshot if self.ships_surprisals else None
         self.steps += 1
+
+    def _reduce_at_temperatures(self, logits: torch.Tensor, snapshot: list) -> None:
+        """The entropy at each sampled row's temperature, for rows not at T = 1 (see the class doc)."""
+        rows = [row for row, entry in enumerate(snapshot) if needs_sampling_pass(entry)]
+        if not rows:
+            return
+        owners = [snapshot[row] for row in rows]
+        with torch.no_grad():
+            values = self.entropy_at_temperatures(logits, rows, [entry[0].temperature for entry in owners])
+        self.sampling_transfer.submit(values, owners)
 
     def _gather_surprisals(self) -> None:
         """The surprisals of the tokens vLLM sampled from the last reduced step's rows."""
@@ -124,6 +144,8 @@ class EntropyTap:
             credit(step.owners, step.host.tolist())
         for step in self.surprisal_transfer.collect(block=block):
             credit_surprisals(step.owners, step.host.tolist())
+        for step in self.sampling_transfer.collect(block=block):
+            credit_sampling(step.owners, step.host.tolist())
         self._emit_all(self.ledger.drain_long())
 
     def _emit_all(self, chunks: Iterable[ShippedChunk]) -> None:

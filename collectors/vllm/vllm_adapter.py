@@ -129,7 +129,7 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
         for index, params, _prompt, output_ids in batch_update.added:
             request_id, trace_id = request_ids(params)
             self._note_route(request_id, params)
-            added.append(AddedRow(index, request_id, trace_id, output_ids))
+            added.append(AddedRow(index, request_id, trace_id, output_ids, temperature=_temperature(params)))
         moved = [
             MovedRow(a, b, swap=direction == MoveDirectionality.SWAP) for a, b, direction in batch_update.moved
         ]
@@ -142,7 +142,7 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
         request_id, trace_id = request_ids(sampling_params)
         self._note_route(request_id, sampling_params)
         # The slot's previous occupant (finished or preempted) is evicted and shipped.
-        self.tap.on_batch_update([], [AddedRow(req_idx, request_id, trace_id, None)], [])
+        self.tap.on_batch_update([], [AddedRow(req_idx, request_id, trace_id, None, _temperature(sampling_params))], [])
         return True  # we must be called for this request's rows
 
     # --- both --------------------------------------------------------------------------------
@@ -169,6 +169,12 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
                 tap.flush()
             except Exception:  # noqa: BLE001 - interpreter teardown
                 pass
+
+
+def _temperature(params: Any) -> float | None:
+    """The request's sampling temperature (None for pooling requests, which have none)."""
+    value = getattr(params, "temperature", None)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def device_is_cuda(device: Any) -> bool:

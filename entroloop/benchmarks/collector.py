@@ -54,15 +54,17 @@ def run(work: Workload, runs: int = DEFAULT_RUNS, python: str = sys.executable, 
             "reduction": reduction_timings(work.max_num_seqs, work.vocab, runs=runs)}
 
 
-def tap_step(device: Any, rows: int, vocab: int, surprisal: bool) -> Callable[[Any], None]:
+def tap_step(device: Any, rows: int, vocab: int, surprisal: bool,
+             temperature: float | None = None) -> Callable[[Any], None]:
     """One engine step as the tap sees it: ``on_logits`` for ``rows`` running requests, then vLLM
-    samples a token for each (appended to their id lists, which the next step's gather reads)."""
+    samples a token for each (appended to their id lists, which the next step's gather reads).
+    ``temperature``: every request sampled at it (None: greedy, no sampling entropies)."""
     from entroloop.collectors.vllm.ledger import AddedRow
     from entroloop.collectors.vllm.tap import EntropyTap
 
     tap = EntropyTap(lambda chunk: None, device, max_rows=rows, surprisal=surprisal)
     ids: list[list[int]] = [[] for _ in range(rows)]
-    tap.on_batch_update([], [AddedRow(i, f"bench-{i}", "", ids[i]) for i in range(rows)], [])
+    tap.on_batch_update([], [AddedRow(i, f"bench-{i}", "", ids[i], temperature) for i in range(rows)], [])
 
     def step(logits: Any) -> None:
         tap.on_logits(logits)
@@ -103,6 +105,9 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
         # one-step-late surprisals: what keeping the logits and gathering the sampled tokens costs
         candidates["tap_step_entropy_only"] = tap_step(torch.device(device), rows, vocab, surprisal=False)
         candidates["tap_step_with_surprisals"] = tap_step(torch.device(device), rows, vocab, surprisal=True)
+        # ... and every request sampled at T=1.5: the sampling entropies' own pass over each row
+        candidates["tap_step_sampled_at_t1.5"] = tap_step(torch.device(device), rows, vocab, surprisal=True,
+                                                          temperature=1.5)
         for name, fn in candidates.items():
             fn(logits)  # warm-up (and the Triton compile)
 

@@ -103,6 +103,15 @@ class TokenEntropy(Event, tag="token_entropy"):
     would not (high-temperature gibberish), which the pre-temperature entropy barely shows. A sender
     that receives logprobs (vLLM's ``logprobs`` with its default ``raw_logprobs`` mode) has it for
     free. Records written before it existed decode with it empty.
+
+    ``sampling_entropies`` (optional, empty when the sender does not have it) is each token's entropy
+    at the request's sampling temperature, ``H(softmax(logits / T))`` over the full vocabulary
+    (before top-k/top-p), packed like ``entropies``: the entropy of the distribution the token was
+    actually drawn from, as far as temperature goes. ``entropies`` is the model's own uncertainty
+    and does not change with temperature, so a sampler run too hot (word salad) shows only here and
+    in ``surprisals``; unlike those, this needs no token ids. Sent for sampled requests (T > 0; at
+    T = 1 it equals ``entropies``), never for greedy ones. Records written before it existed decode
+    with it empty.
     """
 
     model: str
@@ -115,6 +124,7 @@ class TokenEntropy(Event, tag="token_entropy"):
     approximate: bool = False
     token_hashes: bytes = b""
     surprisals: bytes = b""
+    sampling_entropies: bytes = b""
 
     topic: ClassVar[str] = "entroloop.tokens.v1"
 
@@ -136,15 +146,18 @@ class TokenEntropy(Event, tag="token_entropy"):
                 f"token_hashes must be one packed uint32 per token ({len(self.entropies) // 2} tokens, "
                 f"{len(self.token_hashes)} bytes of hashes)"
             )
-        if self.surprisals:
-            if len(self.surprisals) != len(self.entropies):
+        for name in ("surprisals", "sampling_entropies"):
+            packed = getattr(self, name)
+            if not packed:
+                continue
+            if len(packed) != len(self.entropies):
                 raise ValueError(
-                    f"surprisals must be one packed float16 per token ({len(self.entropies) // 2} tokens, "
-                    f"{len(self.surprisals)} bytes of surprisals)"
+                    f"{name} must be one packed float16 per token ({len(self.entropies) // 2} tokens, "
+                    f"{len(packed)} bytes of {name})"
                 )
-            bits = np.frombuffer(self.surprisals, dtype="<u2")
+            bits = np.frombuffer(packed, dtype="<u2")
             if ((bits >= 0x7C00) & (bits != 0x8000)).any():
-                raise ValueError("surprisals contain NaN, Inf or a negative value (nats >= 0 expected)")
+                raise ValueError(f"{name} contain NaN, Inf or a negative value (nats >= 0 expected)")
 
     def values(self) -> np.ndarray:
         """The entropies as a float16 numpy view (no copy)."""
@@ -157,6 +170,10 @@ class TokenEntropy(Event, tag="token_entropy"):
     def surprisal_values(self) -> np.ndarray | None:
         """The sampled tokens' surprisals as a float16 view, or None when the record carries none."""
         return np.frombuffer(self.surprisals, dtype="<f2") if self.surprisals else None
+
+    def sampling_values(self) -> np.ndarray | None:
+        """The entropies at the sampling temperature as a float16 view, or None when the record carries none."""
+        return np.frombuffer(self.sampling_entropies, dtype="<f2") if self.sampling_entropies else None
 
     @property
     def n_tokens(self) -> int:

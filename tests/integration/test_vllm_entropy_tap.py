@@ -36,6 +36,8 @@ PROMPTS = [
     "sigma tau",
 ]
 MAX_TOKENS = [12, 3, 20, 7, 15, 1, 9]
+TEMPERATURES = [0.0 if i % 2 == 0 else 1.0 if i % 4 == 1 else 1.7 for i in range(len(MAX_TOKENS))]
+"""Greedy for every other request; the others sampled at T=1 or hotter."""
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +105,9 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
     )
     params = [
         SamplingParams(
-            # greedy, and sampled for every other request (tokens the model did not rank first)
-            temperature=1.0 if i % 2 else 0.0,
+            # greedy, and sampled for every other request (tokens the model did not rank first),
+            # at T=1 or hotter
+            temperature=TEMPERATURES[i],
             seed=i,
             max_tokens=n,
             ignore_eos=True,
@@ -121,7 +124,7 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
     by_id = {r.request_id: r for r in records}
     assert sorted(by_id) == sorted(f"req-{i}" for i in range(len(PROMPTS))), [r.request_id for r in records]
     assert len(records) == len(PROMPTS), "one record per request (no duplicate, no split)"
-    worst = surprisal_worst = 0.0
+    worst = surprisal_worst = sampling_worst = 0.0
     for i, output in enumerate(outputs):
         record = by_id[f"req-{i}"]
         generated = list(output.outputs[0].token_ids)
@@ -149,11 +152,23 @@ def test_entropies_from_the_engine_match_a_transformers_forward_pass(
         engine = [-step[token].logprob for step, token in zip(output.outputs[0].logprobs, generated)]
         np.testing.assert_allclose(surprisals.astype(np.float64), engine, rtol=2e-3, atol=1e-3)
         surprisal_worst = max(surprisal_worst, float(np.abs(surprisals - np.array(engine)).max()))
+        # Sampling entropies: the entropy at the request's own temperature; none for greedy ones.
+        sampling = record.sampling_values()
+        if TEMPERATURES[i] == 0.0:
+            assert sampling is None, f"req-{i}: greedy, yet the tap shipped sampling entropies"
+            continue
+        assert sampling is not None, f"req-{i}: sampled at T={TEMPERATURES[i]}, yet no sampling entropies"
+        at_t = np.array(reference_entropies(tiny_model, list(output.prompt_token_ids), generated, TEMPERATURES[i]))
+        np.testing.assert_allclose(sampling.astype(np.float64), at_t, rtol=1e-3, atol=TOLERANCE)
+        sampling_worst = max(sampling_worst, float(np.abs(sampling - at_t).max()))
+        if TEMPERATURES[i] > 1.0:
+            assert (at_t > expected).all(), "hotter is flatter: the reference itself must say so"
     # The values must actually distinguish requests, or "not mixed" would be vacuous.
     firsts = {round(float(by_id[f"req-{i}"].values()[0]), 2) for i in range(len(PROMPTS))}
     assert len(firsts) >= len(PROMPTS) - 1
     sampled = [s for i, o in enumerate(outputs) if i % 2 for s in by_id[f"req-{i}"].surprisal_values()]
     assert max(sampled) > 1.0, "sampled requests must include tokens the model did not rank first"
     print(f"worst |tap - reference| = {worst:.2e} nats over {sum(MAX_TOKENS)} tokens; "
-          f"worst |tap surprisal - vLLM logprob| = {surprisal_worst:.2e}")
+          f"worst |tap surprisal - vLLM logprob| = {surprisal_worst:.2e}; "
+          f"worst |tap sampling entropy - reference at T| = {sampling_worst:.2e}")
 

@@ -96,9 +96,14 @@ def _generated_log_probs(folder: Path, prompt_ids: list[int], output_ids: list[i
     return torch.log_softmax(steps, dim=-1)
 
 
-def reference_entropies(folder: Path, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
-    """Entropy (nats) of each generated token, float64."""
+def reference_entropies(folder: Path, prompt_ids: list[int], output_ids: list[int],
+                        temperature: float = 1.0) -> list[float]:
+    """Entropy (nats) of each generated token, float64; at ``temperature``: of softmax(logits / T)."""
+    import torch
+
     logp = _generated_log_probs(folder, prompt_ids, output_ids)
+    if temperature != 1.0:
+        logp = torch.log_softmax(logp / temperature, dim=-1)  # log_softmax(logits) / T differs by a constant per row
     return (-(logp.exp() * logp).sum(-1)).tolist()
 
 

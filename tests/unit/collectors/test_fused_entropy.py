@@ -86,6 +86,43 @@ def test_torch_forms_agree_with_the_reference(name: str) -> None:
     assert_agrees(entropy_per_row_chunked(logits, chunk=4096), logits, f"chunked by 4096, {name}")
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_the_chunked_form_at_a_sampling_temperature_agrees_with_the_reference_of_scaled_logits(name: str) -> None:
+    """What the tap ships as sampling entropy: chosen rows, each at its own temperature."""
+    import torch
+    from entroloop.collectors.vllm.fused_entropy import (
+        TemperatureEntropy,
+        entropy_per_row_chunked,
+    )
+
+    logits = cases()[name]
+    picked = list(range(logits.shape[0]))[::-1][: max(1, logits.shape[0] - 1)]  # reordered, one left out
+    temperatures = [(0.7, 1.5, 2.0, 0.3, 1.0, 5.0)[i % 6] for i in range(len(picked))]
+    rows = torch.tensor(picked, dtype=torch.long)
+    inverse = 1.0 / torch.tensor(temperatures, dtype=torch.float32)
+    scaled = logits.double()[rows] * inverse.double()[:, None]
+    for chunk in (4096, 1 << 20):
+        got = entropy_per_row_chunked(logits, chunk=chunk, rows=rows, inverse_temperature=inverse)
+        assert_agrees(got, scaled, f"chunked by {chunk} at temperatures {temperatures}, {name}")
+    # what the tap runs on a CPU: the one-chunk form, row by row into kept buffers (twice: reused)
+    at_temperatures = TemperatureEntropy(torch.device("cpu"))
+    for attempt in range(2):
+        got = at_temperatures(logits, picked, temperatures)
+        assert_agrees(got, scaled, f"one chunk per row at temperatures {temperatures}, {name}, call {attempt}")
+    if name == "scale4":  # hotter is flatter: a higher entropy for every row
+        base = entropy_per_row_chunked(logits, rows=rows)
+        hot = entropy_per_row_chunked(logits, rows=rows, inverse_temperature=torch.full((len(picked),), 0.5))
+        assert bool((hot > base + 0.01).all())
+
+
+def test_a_sampling_temperature_per_row_must_match_the_rows() -> None:
+    import torch
+    from entroloop.collectors.vllm.fused_entropy import entropy_per_row_chunked
+
+    with pytest.raises(ValueError, match="one value per row"):
+        entropy_per_row_chunked(torch.zeros(3, 10), inverse_temperature=torch.ones(2))
+
+
 def test_a_single_remaining_token_gives_exactly_zero() -> None:
     import torch
     from entroloop.collectors.vllm.fused_entropy import (

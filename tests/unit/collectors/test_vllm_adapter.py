@@ -44,10 +44,13 @@ def reference(row: np.ndarray) -> float:
     return float(-(p[nz] * np.log(p[nz])).sum())
 
 
-def params(request_id: str):
+def params(request_id: str, temperature: float = 1.0):
     from vllm import SamplingParams
 
-    return SamplingParams(max_tokens=8, extra_args={"entroloop_request_id": request_id})
+    return SamplingParams(max_tokens=8, temperature=temperature, extra_args={"entroloop_request_id": request_id})
+
+
+TEMPERATURES = {"a": 1.0, "b": 2.0, "c": 0.0, "x": 0.5, "y": 1.0}  # c: greedy
 
 
 def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) -> None:
@@ -61,6 +64,7 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
     outputs = {"a": [], "b": [], "c": []}
     expected: dict[str, list[float]] = {k: [] for k in outputs}
     surprisals: dict[str, list[float]] = {k: [] for k in outputs}
+    sampling: dict[str, list[float]] = {k: [] for k in outputs}
 
     def run_step(owners: list[str]) -> None:
         logits = torch.randn(len(owners), 500, generator=gen) * torch.arange(1, len(owners) + 1).unsqueeze(1)
@@ -69,6 +73,8 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
         assert out is logits and torch.equal(out, before)  # unchanged, not copied
         for row, owner in enumerate(owners):
             expected[owner].append(reference(before[row].numpy()))
+            if TEMPERATURES[owner] > 0:
+                sampling[owner].append(reference(before[row].numpy() / TEMPERATURES[owner]))
             # vLLM samples after the processors and appends the id to the request's list
             token = int(torch.randint(0, 500, (1,), generator=gen))
             surprisals[owner].append(-float(torch.log_softmax(before[row].double(), -1)[token]))
@@ -76,14 +82,14 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
 
     proc.update_state(
         BatchUpdate(batch_size=2, removed=[], moved=[],
-                    added=[(0, params("a"), [1, 2], outputs["a"]), (1, params("b"), [3], outputs["b"])])
+                    added=[(0, params("a", 1.0), [1, 2], outputs["a"]), (1, params("b", 2.0), [3], outputs["b"])])
     )
     run_step(["a", "b"])
     proc.update_state(None)
     run_step(["a", "b"])
     # a finishes; c arrives at row 2 and is condensed into row 0; then a swap.
     proc.update_state(
-        BatchUpdate(batch_size=2, removed=[0], added=[(2, params("c"), [4], outputs["c"])],
+        BatchUpdate(batch_size=2, removed=[0], added=[(2, params("c", 0.0), [4], outputs["c"])],
                     moved=[(2, 0, MoveDirectionality.UNIDIRECTIONAL)])
     )
     assert [r.request_id for r in SHIPPED] == ["a"]
@@ -100,8 +106,15 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
         # each sampled token's surprisal, gathered one step late (float16 on the wire)
         np.testing.assert_allclose(record.surprisal_values().astype(np.float64), surprisals[request_id], rtol=2e-3)
         assert record.hashes().tolist() == outputs[request_id]
+        # the entropy at the request's own temperature; greedy requests carry none
+        if sampling[request_id]:
+            np.testing.assert_allclose(record.sampling_values().astype(np.float64), sampling[request_id], atol=4e-3)
+        else:
+            assert record.sampling_values() is None
         assert record.model == "tiny" and record.node_id == "unit-node" and record.final
     assert len({r.seq for r in SHIPPED}) == 3
+    assert np.array_equal(by_id["a"].sampling_values(), by_id["a"].values())  # T = 1: the entropy itself
+    assert (by_id["b"].sampling_values() > by_id["b"].values()).all()  # hotter is flatter
 
 
 def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
@@ -113,11 +126,12 @@ def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
     proc = EntropyTapLogitsProcessor(fake_vllm_config(), req_states)
     assert proc.mode == "v2"
     prompt_len[5], prompt_len[2] = 4, 6
-    assert proc.add_request(5, params("x")) is True
-    assert proc.add_request(2, params("y")) is True
+    assert proc.add_request(5, params("x", 0.5)) is True
+    assert proc.add_request(2, params("y", 1.0)) is True
 
     gen = torch.Generator().manual_seed(1)
-    expected = {"x": [], "y": []}
+    expected: dict[str, list[float]] = {"x": [], "y": []}
+    sampling: dict[str, list[float]] = {"x": [], "y": []}
     # (row order, seq len per row): slot 2 is still prefilling (3 of 6 prompt tokens) at step 1.
     steps = [([5, 2], [4, 3]), ([2, 5], [6, 5]), ([5, 2], [6, 7])]
     for order, seq_lens in steps:
@@ -126,7 +140,9 @@ def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
         assert proc.apply(logits, ctx) is logits
         for row, (slot, seq_len) in enumerate(zip(order, seq_lens)):
             if seq_len >= prompt_len[slot]:
-                expected["x" if slot == 5 else "y"].append(reference(logits[row].numpy()))
+                owner = "x" if slot == 5 else "y"
+                expected[owner].append(reference(logits[row].numpy()))
+                sampling[owner].append(reference(logits[row].numpy() / TEMPERATURES[owner]))
     # Slot 5 is reused by a new request: its previous occupant is shipped.
     proc.add_request(5, params("z"))
     assert [r.request_id for r in SHIPPED] == ["x"]
@@ -134,6 +150,7 @@ def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
     by_id = {r.request_id: r for r in SHIPPED}
     for request_id, values in expected.items():
         np.testing.assert_allclose(by_id[request_id].values().astype(np.float64), values, atol=2e-3)
+        np.testing.assert_allclose(by_id[request_id].sampling_values().astype(np.float64), sampling[request_id], atol=4e-3)
     assert by_id["y"].n_tokens == 2  # the partial-prefill step was not credited
 
 

@@ -15,7 +15,9 @@ from entroloop.collectors.vllm.ledger import (
     MovedRow,
     RowLedger,
     credit,
+    credit_sampling,
     credit_surprisals,
+    needs_sampling_pass,
     sampled_token,
 )
 from hypothesis import given, settings
@@ -255,6 +257,29 @@ def test_surprisals_ship_with_their_chunk_only_when_every_one_was_credited() -> 
     # r2's token at position 2 (step 2, credited at step 3) has none: its first chunk goes without
     assert [c.surprisals for c in by_id["r2"]] == [None, [0.204, 0.205]]
     assert [c.values for c in by_id["r2"]] == [[200, 201, 202, 203], [204, 205]]
+
+
+def test_sampling_entropies_follow_each_requests_temperature() -> None:
+    """T = 1: the entropies themselves, with no second pass; another temperature: what its own pass
+    credits, split into chunks with the values; greedy (or below vLLM's epsilon) and unknown: none."""
+    ledger = RowLedger(chunk_tokens=3)
+    ledger.apply_update([], [AddedRow(0, "r1", temperature=1.0), AddedRow(1, "r2", temperature=2.0),
+                             AddedRow(2, "r3", temperature=0.0), AddedRow(3, "r4", temperature=1e-7),
+                             AddedRow(4, "r5")], [])
+    for _ in range(5):
+        snapshot = ledger.snapshot(5)
+        credit(snapshot, [value_of(e[0].request_id, e[1]) for e in snapshot])
+        assert [needs_sampling_pass(e) for e in snapshot] == [False, True, False, False, False]
+        hot = [e for e in snapshot if needs_sampling_pass(e)]
+        credit_sampling(hot, [value_of(e[0].request_id, e[1]) + 0.5 for e in hot])
+    chunks = ledger.drain_long() + ledger.ship_all()
+    by_id: dict[str, list] = {}
+    for c in chunks:
+        by_id.setdefault(c.request_id, []).append(c)
+    assert [c.sampling_entropies for c in by_id["r1"]] == [c.values for c in by_id["r1"]] == [[100, 101, 102], [103, 104]]
+    assert [c.sampling_entropies for c in by_id["r2"]] == [[200.5, 201.5, 202.5], [203.5, 204.5]]
+    for greedy_or_unknown in ("r3", "r4", "r5"):
+        assert [c.sampling_entropies for c in by_id[greedy_or_unknown]] == [None, None]
 
 
 def test_a_token_is_known_only_once_sampled_and_never_as_a_placeholder() -> None:
