@@ -176,9 +176,11 @@ class EntropyAnomalyDetector(Processor):
             assert isinstance(record, TokenEntropy)
             request_id = record.request_id
             surprisals = record.surprisal_values() if self.evidence is not None else None
+            sampling = record.sampling_values() if self.evidence is not None else None
             # The common single-chunk request: one lookup that misses, no write.
             carry = state.get(request_id)
-            if carry is None and record.final and not runs and index not in periodic and surprisals is None:
+            if (carry is None and record.final and not runs and index not in periodic and surprisals is None
+                    and sampling is None):
                 if self.evidence is not None:
                     self.evidence.learn_if_normal(record.model, record.route, arrays[index], [])
                 continue
@@ -201,7 +203,9 @@ class EntropyAnomalyDetector(Processor):
             if index in periodic:
                 found.extend(self._periodic_alert(record, arrays[index], periodic[index], index in by_ids, found))
             if surprisals is not None:  # in addition: a lost model sampled at T=1 is gibberish at excess 0
-                found.extend(self._surprisal_alert(record, arrays[index], surprisals, found))
+                found.extend(self._excess_alert(record, arrays[index], surprisals, "surprisal", found))
+            if sampling is not None:  # the same question without token ids: how hot is the sampler
+                found.extend(self._excess_alert(record, arrays[index], sampling, "sampling_entropy", found))
             alerts.extend(found)
             if carry is not None and record.chunk_index < carry.next_chunk:
                 continue  # a redelivered chunk: it changes nothing the first delivery did not
@@ -271,13 +275,15 @@ class EntropyAnomalyDetector(Processor):
         return [self._make_alert(record, LOOP, len(found), start, end, float(stretch.length), float(minimum),
                                  evidence, detail)]
 
-    def _surprisal_alert(self, record: TokenEntropy, values: np.ndarray, surprisals: np.ndarray,
-                         found_so_far: list[Event]) -> list[Alert]:
-        """The gibberish alert of a stretch of surprising tokens, unless a gibberish alert of this
-        chunk (the sustained-level evidence) already covers it."""
+    def _excess_alert(self, record: TokenEntropy, values: np.ndarray, other: np.ndarray, kind: str,
+                      found_so_far: list[Event]) -> list[Alert]:
+        """The gibberish alert of a stretch where ``other`` (the sampled tokens' surprisals, or the
+        entropies at the sampling temperature) keeps exceeding the model's entropy, unless a
+        gibberish alert of this chunk already covers it."""
         assert self.evidence is not None
         offset = record.first_token_index
-        judged = self.evidence.judge_surprisal(record.model, record.route, values, surprisals, offset)
+        judge = self.evidence.judge_surprisal if kind == "surprisal" else self.evidence.judge_sampling
+        judged = judge(record.model, record.route, values, other, offset)
         if judged is None:
             return []
         start, end, found = judged
@@ -287,9 +293,10 @@ class EntropyAnomalyDetector(Processor):
             return []
         index = len(found_so_far)
         evidence = {"rule": GIBBERISH, "static": None, **found}
-        detail = (f"sampled tokens {found['level']} nats more surprising than the model's entropy "
-                  f"(rolling median over {found['window']} tokens; edge {found['edge']}): mean surprisal "
-                  f"{found['stretch_surprisal']:.2f} vs entropy {found['stretch_entropy']:.2f} nats")
+        what = ("sampled tokens {level} nats more surprising than the model's entropy" if kind == "surprisal"
+                else "sampling distribution {level} nats flatter than the model's own").format(level=found["level"])
+        detail = (f"{what} (rolling median over {found['window']} tokens; edge {found['edge']}): mean "
+                  f"{kind.replace('_', ' ')} {found['stretch_' + kind]:.2f} vs entropy {found['stretch_entropy']:.2f} nats")
         return [self._make_alert(record, GIBBERISH, index, offset + start, offset + end, found["level"],
                                  found["edge"], evidence, detail)]
 

@@ -56,6 +56,8 @@ class EvidenceConfig:
     loop_entropy_repeat_tolerance_nats: float = 0.25
     surprisal_window: int = 32
     surprisal_excess_nats: float = 1.85
+    sampling_window: int = 32
+    sampling_excess_nats: float = 0.95
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EvidenceConfig:
@@ -72,6 +74,8 @@ class EvidenceConfig:
             loop_entropy_repeat_tolerance_nats=settings.loop_entropy_repeat_tolerance_nats,
             surprisal_window=settings.gibberish_surprisal_window,
             surprisal_excess_nats=settings.gibberish_surprisal_excess_nats,
+            sampling_window=settings.gibberish_sampling_window,
+            sampling_excess_nats=settings.gibberish_sampling_excess_nats,
         )
 
 
@@ -174,26 +178,41 @@ class EntropyEvidence:
         flatter distribution than its own (high temperature, broken sampling): gibberish, even when
         the model's own entropy, measured before temperature, is ordinary."""
         c = self.config
-        excess = surprisals.astype(np.float32) - values.astype(np.float32)
-        rolled = sustained(excess, c.surprisal_window)
-        above = np.flatnonzero(rolled > c.surprisal_excess_nats)
+        return self._judge_excess("surprisal", model, route, values, surprisals, offset,
+                                  c.surprisal_window, c.surprisal_excess_nats)
+
+    def judge_sampling(self, model: str, route: str, values: np.ndarray, sampling: np.ndarray,
+                       offset: int) -> tuple[int, int, dict[str, Any]] | None:
+        """Gibberish from the entropy at the sampling temperature, without token ids: as
+        ``judge_surprisal`` with ``sampling entropy - entropy`` (0 at temperature 1, negative below
+        it) against ``sampling_excess_nats``. The distribution the tokens are drawn from is that many
+        nats flatter than the model's own, token after token: the sampler, not the model, writes."""
+        c = self.config
+        return self._judge_excess("sampling_entropy", model, route, values, sampling, offset,
+                                  c.sampling_window, c.sampling_excess_nats)
+
+    def _judge_excess(self, kind: str, model: str, route: str, values: np.ndarray, other: np.ndarray,
+                      offset: int, window: int, edge: float) -> tuple[int, int, dict[str, Any]] | None:
+        excess = other.astype(np.float32) - values.astype(np.float32)
+        rolled = sustained(excess, window)
+        above = np.flatnonzero(rolled > edge)
         if above.size == 0:
             return None
         # A window's median is over the edge once more than half its tokens are: the stretch runs
         # from the centre of the first such window to the centre of the last.
-        if values.size <= c.surprisal_window:
+        if values.size <= window:
             start, end = 0, int(values.size)
         else:
-            half = c.surprisal_window // 2
+            half = window // 2
             start, end = int(above[0]) + half, int(above[-1]) + half + 1
         band = self.bands.band(model, route)
         return start, end, {
-            "evidence": "surprisal",
+            "evidence": kind,
             "level": round(float(rolled.max()), 3),
-            "edge": c.surprisal_excess_nats,
-            "window": c.surprisal_window,
+            "edge": edge,
+            "window": window,
             "stretch": [offset + start, offset + end],
-            "stretch_surprisal": round(float(surprisals[start:end].astype(np.float32).mean()), 3),
+            f"stretch_{kind}": round(float(other[start:end].astype(np.float32).mean()), 3),
             "stretch_entropy": round(float(values[start:end].astype(np.float32).mean()), 3),
             "band": band.as_dict() if band is not None else None,
         }

@@ -304,15 +304,19 @@ class EntropyLine(msgspec.Struct):
     token_ids: list[int] | None = None
     surprisal: list[float] | None = None
     """Each sampled token's surprisal, -log p(token) in nats before temperature (optional)."""
+    sampling_entropy: list[float] | None = None
+    """Each token's entropy at the request's sampling temperature, nats (optional; sampled requests)."""
     label: EntropyLabel | None = None
 
     def check(self) -> str:
-        if self.surprisal is not None:
-            if len(self.surprisal) != len(self.entropy):
-                return f"surprisal has {len(self.surprisal)} values for {len(self.entropy)} entropies"
-            for i, value in enumerate(self.surprisal):
+        for name, values in (("surprisal", self.surprisal), ("sampling_entropy", self.sampling_entropy)):
+            if values is None:
+                continue
+            if len(values) != len(self.entropy):
+                return f"{name} has {len(values)} values for {len(self.entropy)} entropies"
+            for i, value in enumerate(values):
                 if not value >= 0 or value == float("inf"):
-                    return f"surprisal[{i}] = {value} is not a finite surprisal >= 0 nats"
+                    return f"{name}[{i}] = {value} is not a finite value >= 0 nats"
         if not self.entropy:
             return "entropy is empty (one value per generated token expected)"
         for i, value in enumerate(self.entropy):
@@ -325,10 +329,11 @@ class EntropyLine(msgspec.Struct):
         return ""
 
     def record(self, request_id: str, number: int, at: float, node: str, with_ids: bool = True,
-               with_surprisals: bool | None = None):  # -> TokenEntropy
+               with_surprisals: bool | None = None, with_sampling: bool = True):  # -> TokenEntropy
         """The line as the TokenEntropy record a serving node would send (``with_ids=False``: the
         entropies alone, as from a sender without token ids or logprobs; ``with_surprisals=False``:
-        token ids but no surprisals, as the vLLM tap ships them)."""
+        token ids but no surprisals; ``with_sampling=False``: without the entropies at the sampling
+        temperature, as from a sender that only has the model's own)."""
         from entroloop.contract.ids import derived_event_id
         from entroloop.contract.records import (
             TokenEntropy,
@@ -343,6 +348,8 @@ class EntropyLine(msgspec.Struct):
             token_hashes=pack_token_hashes(self.token_ids) if with_ids and self.token_ids is not None else b"",
             surprisals=pack_entropies(self.surprisal)
             if (with_ids if with_surprisals is None else with_surprisals) and self.surprisal is not None else b"",
+            sampling_entropies=pack_entropies(self.sampling_entropy)
+            if with_sampling and self.sampling_entropy is not None else b"",
         )
 
 
@@ -350,7 +357,7 @@ class EntropyLine(msgspec.Struct):
 def entropy(file: InputFile, as_json: AsJson = False, predictions: Predictions = None) -> None:
     """Loop and gibberish detection on labelled entropy traces: precision, recall, F1 per label.
 
-    Lines: {"id", "model", "entropy": [nats per generated token], "token_ids": [ints, optional], "surprisal": [nats of each sampled token, optional], "label": {"loop": bool, "gibberish": bool} (optional)}; "route" optional, unknown keys ignored.
+    Lines: {"id", "model", "entropy": [nats per generated token], "token_ids": [ints, optional], "surprisal": [nats of each sampled token, optional], "sampling_entropy": [nats at the request's sampling temperature, optional], "label": {"loop": bool, "gibberish": bool} (optional)}; "route" optional, unknown keys ignored.
 
     Each line is one request, fed in file order through the same detectors and settings the pipeline runs (EntropyAnomalyDetector and EntropyBaselineDetector from settings), so per-model baselines learn as they go, as they would live. Only labelled lines count in the figures; predictions: {"id", "loop", "gibberish", "alerts": [...]}.
     """

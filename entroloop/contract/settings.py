@@ -165,6 +165,16 @@ class Settings(BaseSettings):
         "more than its own entropy expects: sampling much flatter than the model). Set on the tiny LM's DEV traces as "
         "read by a person: midway between the highest normal request (1.73) and the lowest gibberish one (2.00)."
     )
+    gibberish_sampling_window: int = Field(
+        32, ge=1, description="Gibberish from sampling entropy (records that carry the entropy at the request's "
+        "sampling temperature; needs no token ids): tokens in the rolling median of sampling entropy minus entropy."
+    )
+    gibberish_sampling_excess_nats: float = Field(
+        0.95, gt=0, description="... which must exceed this many nats (the tokens are drawn from a distribution that "
+        "much flatter than the model's own: the temperature, not the model, writes). Set on the tiny LM's DEV2 traces "
+        "(labelled by the text rules): every edge between 0 (the highest request sampled at T <= 1) and 1.90 (the "
+        "lowest gibberish request above those) gives DEV2's best F1; midway."
+    )
     entropy_band_window: int = Field(
         20, ge=1, description="Per-model bands: tokens in the rolling median that measures sustained entropy."
     )

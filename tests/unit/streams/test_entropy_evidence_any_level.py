@@ -90,6 +90,29 @@ def test_surprising_tokens_are_gibberish_at_an_ordinary_entropy_ordinary_surpris
     assert [a for a in _detector().process(calm) if a.rule == GIBBERISH] == []
 
 
+def test_a_sampler_far_flatter_than_the_model_is_gibberish_without_token_ids_a_cool_one_is_not() -> None:
+    """Sampling entropies (the entropy at the request's temperature) need no token ids: a stretch
+    sampled much flatter than the model's own distribution is gibberish; T = 1 (equal to the
+    entropy) and T < 1 (below it) are not, and neither is the same record without them."""
+    rng = np.random.default_rng(15)
+    values = _ordinary(rng, 160)
+    hot = list(values)
+    hot[50:150] = [v + float(rng.uniform(1.2, 3.0)) for v in values[50:150]]  # T=1.5..2 on that stretch
+    record = tokens("hot-sampler", values, sampling_entropies=pack_entropies(hot))
+    (alert,) = [a for a in _detector().process(record) if a.rule == GIBBERISH]
+    evidence = json.loads(alert.baseline)
+    assert evidence["evidence"] == "sampling_entropy" and evidence["static"] is None
+    assert evidence["level"] > evidence["edge"] == 0.95 and evidence["window"] == 32
+    assert 40 <= alert.token_start <= 70 and 130 <= alert.token_end <= 160
+    assert evidence["stretch_sampling_entropy"] > evidence["stretch_entropy"] + 1
+    assert "flatter than the model's own" in alert.detail
+    cool = [max(0.0, v * 0.6) for v in values]
+    for name, sampling in (("t1", values), ("cool", cool)):
+        calm = tokens(name, values, sampling_entropies=pack_entropies(sampling))
+        assert [a for a in _detector().process(calm) if a.rule == GIBBERISH] == []
+    assert [a for a in _detector().process(tokens("without", values)) if a.rule == GIBBERISH] == []
+
+
 def test_a_lost_model_is_still_gibberish_by_its_level_when_its_surprise_is_ordinary() -> None:
     """Surprisal adds evidence, it does not replace the level: a model near-uniform over its
     vocabulary, sampled as it is, surprises itself no more than it expects."""
