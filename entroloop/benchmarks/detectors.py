@@ -153,9 +153,9 @@ def _static_rules_baseline(measured: dict[str, Repeated]) -> str:
 
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "entropy"
-TUNING_CORPORA = ("dev.jsonl", "lm_traces_dev.jsonl")
+TUNING_CORPORA = ("dev.jsonl", "lm_traces_dev.jsonl", "lm_traces_dev2.jsonl")
 """The corpora the evidence settings were chosen on (the synthetic generator's dev file, the real
-model's DEV split): never reported as a result."""
+model's DEV and DEV2 splits): never reported as a result."""
 
 
 def corpora(folder: Path = CORPUS_DIR) -> list[Path]:
@@ -174,21 +174,25 @@ def run_corpora(settings: Settings, folder: Path = CORPUS_DIR,
         lines = read_jsonl(path, EntropyLine)
         # the test corpora keep the text rules' verdict (generator.rule_label) beside a reader's label
         read_by_person = '"rule_label"' in text
-        modes = [(True, True, path.stem), (False, False, f"{path.stem}, entropies only")]
+        # (token ids, surprisals, sampling entropies, label); "entropies only" keeps the entropies at
+        # the sampling temperature where the file has them: they need no token ids (Model Runner V2)
+        modes = [(True, True, True, path.stem), (False, False, True, f"{path.stem}, entropies only")]
         # ids and no surprisals: what a tap with ENTROLOOP_ENTROPY_TAP_SURPRISAL=false ships (the tap
         # ships both by default, gathered one step late, and the gateway gets both from vLLM's logprobs)
         if '"surprisal"' in text:
-            modes.insert(1, (True, False, f"{path.stem}, token ids without surprisals"))
-        for with_ids, with_surprisals, label in modes:
+            modes.insert(1, (True, False, True, f"{path.stem}, token ids without surprisals"))
+        if '"sampling_entropy"' in text:  # what the model's own entropy gives without them
+            modes.append((False, False, False, f"{path.stem}, model entropies only"))
+        for with_ids, with_surprisals, with_sampling, label in modes:
             progress(f"entropy detectors on {label}")
             results.update(score_corpus(path, settings, with_ids, label, with_surprisals,
-                                        lines=lines, read_by_person=read_by_person))
+                                        lines=lines, read_by_person=read_by_person, with_sampling=with_sampling))
     return results
 
 
 def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str,
                  with_surprisals: bool | None = None, lines: list[Any] | None = None,
-                 read_by_person: bool = False) -> dict[str, dict[str, Any]]:
+                 read_by_person: bool = False, with_sampling: bool = True) -> dict[str, dict[str, Any]]:
     """Per-request precision and recall of each entropy detector on one labelled corpus (the
     `entroloop eval entropy` format; ``lines``: the file already parsed), in file order through
     fresh detectors, and its events/s."""
@@ -197,7 +201,7 @@ def score_corpus(path: Path, settings: Settings, with_ids: bool, label: str,
 
         lines = read_jsonl(path, EntropyLine)
     records = [line.record(f"bench-{number}-{line.id}", number, 1_700_000_000.0 + number * 0.001, "bench", with_ids,
-                           with_surprisals) for number, line in enumerate(lines)]
+                           with_surprisals, with_sampling) for number, line in enumerate(lines)]
     truth = {r.request_id: line.label for r, line in zip(records, lines) if line.label is not None}
     load = os.getloadavg()[0]
     anomaly_rate, anomaly_out = _rate(EntropyAnomalyDetector.from_settings(settings), records)

@@ -50,6 +50,12 @@ read end to end from a sheet that shows only the prompt and the decoded text, be
 on the file (see the README). READ2 was generated after the settings that READ's scoring led to were
 final; READ3 (a second blind split) after READ2 was scored, with no setting changed since."""
 READ_OUTPUTS = {name: FOLDER / f"lm_traces_{name}.jsonl" for name in READ_SPLITS}
+DEV2 = (1406, "lmd2")
+"""DEV2 (seed, id prefix): made when the tap began shipping sampling entropies (the entropy at the
+request's temperature), to tune the gibberish edge on them; labelled by the text rules. Its prompts
+pass over every earlier split's. The earlier splits' models are gone with their machines, so only a
+split this machine's model made (READ3) can be given sampling entropies afterwards (``--add-sampling``)."""
+DEV2_OUTPUT = FOLDER / "lm_traces_dev2.jsonl"
 READING = FOLDER / "reading"
 """Reading sheets (what the reader saw) and the labels written from them, by sheet key."""
 READER_LABELS = {
@@ -202,6 +208,50 @@ def read_split_requests(name: str) -> list[Request]:
     earlier = (*OUTPUTS.values(), FRESH_OUTPUT, *(READ_OUTPUTS[n] for n in names[: names.index(name)]))
     used = frozenset(line["generator"]["prompt"] for line in read_lines(earlier).values())
     return plan_read_requests(name, used)
+
+
+def dev2_requests() -> list[Request]:
+    """DEV2's requests: 40 prompts that no earlier split holds (READ3 included), every regime."""
+    earlier = (*OUTPUTS.values(), FRESH_OUTPUT, *READ_OUTPUTS.values())
+    used = frozenset(line["generator"]["prompt"] for line in read_lines(earlier).values())
+    seed, prefix = DEV2
+    prompts = corpus_prompts(20, seed, exclude=used | set(HANDWRITTEN_PROMPTS))
+    return _requests(prompts, REGIMES, random.Random(seed), prefix)
+
+
+def add_sampling_entropies(path: Path, requests: list[Request], model_folder: Path) -> int:
+    """Regenerate a checked-in split's requests and add the tap's sampling entropies to its lines,
+    changing nothing else; refused unless every regenerated request reproduces its line's token ids
+    and entropies (the same model, engine and seeds), so labels stay with the texts they were made
+    from. Returns how many lines gained sampling entropies."""
+    lines = [json.loads(raw) for raw in path.read_text().splitlines()]
+    by_id = {line["id"]: line for line in lines}
+    if set(by_id) != {r.id for r in requests}:
+        raise ValueError(f"{path.name}: its lines are not the split's planned requests")
+    sha = weights_sha256(model_folder)
+    if any(line["generator"]["weights_sha256"] != sha for line in lines):
+        raise ValueError(f"{path.name} was made by other weights than {model_folder.name}'s ({sha[:8]}): "
+                         f"regenerating it would give other texts")
+    added = 0
+    for trace in run_engine(requests, model_folder):
+        line = by_id[trace["id"]]
+        if trace["token_ids"] != line["token_ids"] or any(
+            abs(a - b) > 2e-3 for a, b in zip(trace["entropy"], line["entropy"])
+        ):
+            raise ValueError(f"{path.name}: {trace['id']} did not reproduce its tokens and entropies; nothing written")
+        if trace["sampling_entropy"]:
+            line["sampling_entropy"] = trace["sampling_entropy"]
+            added += 1
+    # the key goes after the surprisals, as generated lines have it
+    ordered = []
+    for line in lines:
+        keys = list(line)
+        if "sampling_entropy" in line:
+            keys.remove("sampling_entropy")
+            keys.insert(keys.index("surprisal") + 1, "sampling_entropy")
+        ordered.append({key: line[key] for key in keys})
+    write_lines(ordered, path)
+    return added
 
 
 def sheet_key(request_id: str) -> str:
@@ -374,6 +424,8 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
     outputs = llm.generate([r.prompt for r in requests], params, use_tqdm=False)
     entropies = tap_entropies(sink_folder, {r.id for r in requests})
     tap_surprisals = tap_entropies(sink_folder, {r.id for r in requests}, field="surprisal_values")
+    # the entropy at each request's own temperature (none for greedy requests)
+    sampling = tap_entropies(sink_folder, {r.id for r in requests}, field="sampling_values")
     tokenizer = llm.get_tokenizer()
     traces = []
     for request, output in zip(requests, outputs):
@@ -391,6 +443,12 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
             raise RuntimeError(
                 f"{request.id}: the tap shipped {len(values)} entropies for {len(token_ids)} tokens"
             )
+        hot = sampling[request.id]
+        if len(hot) != (len(token_ids) if request.regime.temperature > 0 else 0):
+            raise RuntimeError(
+                f"{request.id}: the tap shipped {len(hot)} sampling entropies for {len(token_ids)} tokens "
+                f"at temperature {request.regime.temperature}"
+            )
         traces.append(
             {
                 "id": request.id,
@@ -399,6 +457,7 @@ def generate(llm, requests: list[Request], sink_folder: Path) -> list[dict]:
                 "token_ids": token_ids,
                 "surprisal": surprisal,
                 "tap_surprisal": [round(v, 4) for v in tap_surprisals[request.id]],  # not stored: checked
+                "sampling_entropy": [round(v, 4) for v in hot],
                 "prompt_token_ids": list(output.prompt_token_ids),
                 "text": decode(tokenizer, token_ids),
                 "request": request,
@@ -424,6 +483,7 @@ def to_line(trace: dict, lex: Lexicon, model_folder: Path) -> dict:
         "entropy": trace["entropy"],
         "token_ids": trace["token_ids"],
         "surprisal": trace["surprisal"],
+        **({"sampling_entropy": trace["sampling_entropy"]} if trace["sampling_entropy"] else {}),
         "label": {"loop": labelled["loop"], "gibberish": labelled["gibberish"]},
         "generator": {
             "source": "tests/corpora/lm_traces.py",
@@ -477,6 +537,8 @@ def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path |
         requests, paths = plan_fresh_requests(used), [FRESH_OUTPUT]
     elif split in READ_SPLITS:
         requests, paths = read_split_requests(split), [READ_OUTPUTS[split]]
+    elif split == "dev2":
+        requests, paths = dev2_requests(), [DEV2_OUTPUT]
     else:
         requests, paths = plan_requests(count_per_lang), list(OUTPUTS.values())
     lex = lexicon()
@@ -485,6 +547,8 @@ def main(split: str = "dev+test", count_per_lang: int = 30, model_folder: Path |
     gibberish = sum(line["label"]["gibberish"] for line in lines)
     if split == "fresh":
         write_lines(lines, FRESH_OUTPUT)
+    elif split == "dev2":
+        write_lines(lines, DEV2_OUTPUT)
     elif split in READ_SPLITS:
         # The text rules' verdict stays beside the reader's, never in ``label``.
         for line in lines:
@@ -535,6 +599,11 @@ def _command_line(argv: list[str]) -> None:
     what.add_argument("--read", choices=READ_SPLITS, metavar="NAME",
                       help=f"write lm_traces_NAME.jsonl unlabelled, and reading/NAME_sheet.md for a reader "
                            f"(NAME: {', '.join(READ_SPLITS)})")
+    what.add_argument("--dev2", action="store_true",
+                      help="write lm_traces_dev2.jsonl (new prompts, with sampling entropies; labelled by the text rules)")
+    what.add_argument("--add-sampling", choices=READ_SPLITS, metavar="NAME",
+                      help="regenerate READ split NAME with this machine's model and add the tap's sampling entropies "
+                           "to its lines (refused unless the texts reproduce exactly)")
     what.add_argument("--apply-read-labels", action="store_true",
                       help="label the READ splits and DEV from reading/*_labels.jsonl")
     what.add_argument("--relabel", action="store_true",
@@ -550,8 +619,12 @@ def _command_line(argv: list[str]) -> None:
                 print(f"[lm-traces] {traces.name}: not read yet ({labels} missing), left unlabelled", file=sys.stderr)
             elif traces.exists():
                 print(f"[lm-traces] labelled {apply_read_labels(traces, labels)} lines of {traces} from {labels}", file=sys.stderr)
+    elif args.add_sampling:
+        added = add_sampling_entropies(READ_OUTPUTS[args.add_sampling], read_split_requests(args.add_sampling),
+                                       tiny_lm(TinyLMConfig()))
+        print(f"[lm-traces] {READ_OUTPUTS[args.add_sampling].name}: sampling entropies added to {added} lines", file=sys.stderr)
     else:
-        main("fresh" if args.fresh else args.read or "dev+test")
+        main("fresh" if args.fresh else "dev2" if args.dev2 else args.read or "dev+test")
 
 
 if __name__ == "__main__":

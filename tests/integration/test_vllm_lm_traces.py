@@ -60,6 +60,9 @@ def regenerated(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) ->
     # check below runs; DEV and TEST name none, FRESH's model is gone with its machine).
     read3 = lm_traces.read_split_requests("read3")
     chosen += [next(r for r in read3 if r.regime.name == regime) for regime in ("greedy", "very-hot")]
+    # ... and of DEV2 (made with sampling entropies), one sampled a little cooler than the model
+    dev2 = lm_traces.dev2_requests()
+    chosen += [next(r for r in dev2 if r.regime.name == regime) for regime in ("sampled", "very-hot")]
     sink = tmp_path_factory.mktemp("lm-sink")
     with pytest.MonkeyPatch.context() as patch:
         for key, value in lm_traces.tap_environment(sink).items():
@@ -75,12 +78,13 @@ def regenerated(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def by_regime(regenerated: dict, regime: str) -> list[tuple[dict, dict]]:
-    """The DEV/TEST requests of ``regime`` (the FRESH and READ3 ones are only checked for
-    reproduction: what they hold was not looked at before they were scored)."""
+    """The DEV/TEST requests of ``regime`` (the FRESH, READ3 and DEV2 ones are only checked for
+    reproduction and, DEV2's, for sampling entropies: FRESH and READ3 were not looked at before
+    they were scored)."""
     return [
         (t, l)
         for t, l in zip(regenerated["traces"], regenerated["lines"])
-        if t["request"].regime.name == regime and not t["id"].startswith(("lmf-", "lmr"))
+        if t["request"].regime.name == regime and not t["id"].startswith(("lmf-", "lmr", "lmd2-"))
     ]
 
 
@@ -139,6 +143,30 @@ def test_surprisals_are_the_sampled_tokens_own_and_exceed_entropy_only_when_hot(
     }
     assert max(excess["greedy"]) < 0, excess  # greedy picks tokens the model was surer of than average
     assert min(excess["very-hot"]) > 2.0, excess  # T=2.0 keeps drawing tokens the model found unlikely
+
+
+def test_sampling_entropies_are_the_entropy_at_each_requests_temperature(
+    model_folder: Path, regenerated: dict
+) -> None:
+    """The tap's sampling entropies against a float64 forward pass at the request's temperature:
+    none for greedy requests, above the model's entropy when hot, below it when cool."""
+    from tests.integration.vllm_tiny_model import reference_entropies
+
+    checked = set()
+    for trace in regenerated["traces"]:
+        temperature = trace["request"].regime.temperature
+        if temperature == 0.0:
+            assert trace["sampling_entropy"] == [], trace["id"]
+            continue
+        expected = np.array(reference_entropies(model_folder, trace["prompt_token_ids"], trace["token_ids"], temperature))
+        got = np.array(trace["sampling_entropy"])
+        assert got.shape == expected.shape, trace["id"]
+        error = np.abs(got - expected)  # float16 on the wire: ~1e-3 relative
+        assert error.max() <= 0.02 + 2e-3 * expected.max(), (trace["id"], int(error.argmax()))
+        excess = float(np.median(got - np.array(trace["entropy"])))
+        assert excess > 1.5 if temperature >= 2.0 else excess < 0, (trace["id"], temperature, excess)
+        checked.add(temperature)
+    assert checked == {0.7, 2.0}, checked
 
 
 def token_period(token_ids: list[int], max_period: int = 64) -> int | None:
@@ -215,6 +243,7 @@ def test_regenerated_requests_reproduce_the_checked_in_lines(
     theirs. A READ line's ``label`` is its reader's; the text rules' verdict, which regeneration
     recomputes, is ``generator.rule_label``."""
     from tests.corpora.lm_traces import (
+        DEV2_OUTPUT,
         FRESH_OUTPUT,
         OUTPUTS,
         READ_OUTPUTS,
@@ -222,7 +251,7 @@ def test_regenerated_requests_reproduce_the_checked_in_lines(
         weights_sha256,
     )
 
-    checked_in = read_lines((*OUTPUTS.values(), FRESH_OUTPUT, *READ_OUTPUTS.values()))
+    checked_in = read_lines((*OUTPUTS.values(), FRESH_OUTPUT, *READ_OUTPUTS.values(), DEV2_OUTPUT))
     weights = weights_sha256(model_folder)
     exact = 0
     for line in regenerated["lines"]:
@@ -236,6 +265,9 @@ def test_regenerated_requests_reproduce_the_checked_in_lines(
         assert stored["token_ids"] == line["token_ids"], line["id"]
         assert stored["generator"].get("rule_label", stored["label"]) == line["label"], line["id"]
         assert np.abs(np.array(stored["surprisal"]) - np.array(line["surprisal"])).max() <= TOLERANCE
+        assert ("sampling_entropy" in stored) == ("sampling_entropy" in line), line["id"]
+        if "sampling_entropy" in stored:
+            assert np.abs(np.array(stored["sampling_entropy"]) - np.array(line["sampling_entropy"])).max() <= TOLERANCE
         assert (
             np.abs(np.array(stored["entropy"]) - np.array(line["entropy"])).max()
             <= TOLERANCE

@@ -10,11 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.corpora.lm_traces import (
+    DEV2_OUTPUT,
     FRESH_OUTPUT,
     OUTPUTS,
     READ_OUTPUTS,
     READER_LABELS,
+    Regime,
+    Request,
+    add_sampling_entropies,
     apply_read_labels,
+    dev2_requests,
     read_lines,
     read_split_requests,
     relabel,
@@ -118,7 +123,7 @@ def test_the_command_line_names_each_split_and_refuses_the_rest(monkeypatch: pyt
 
     asked: list[str] = []
     monkeypatch.setattr(lm_traces, "main", asked.append)  # no model: only which split is asked for
-    for argv, split in (([], "dev+test"), (["--fresh"], "fresh"), (["--read", "read2"], "read2")):
+    for argv, split in (([], "dev+test"), (["--fresh"], "fresh"), (["--read", "read2"], "read2"), (["--dev2"], "dev2")):
         lm_traces._command_line(argv)
         assert asked.pop() == split
     for wrong in (["--read", "read9"], ["--fresh", "--relabel"], ["--bogus"]):
@@ -146,3 +151,32 @@ def test_each_read_split_holds_its_planned_requests_and_no_earlier_prompt() -> N
         prompts = {r.prompt for r in planned.values()}
         assert not prompts & earlier, name
         earlier |= prompts
+    # DEV2, made after READ3, the same way: its lines are its plan and its prompts are new
+    planned = {r.id: r for r in dev2_requests()}
+    stored = read_lines((DEV2_OUTPUT,))
+    assert planned.keys() == stored.keys() and len(stored) == 200
+    for request_id, line in stored.items():
+        request = planned[request_id]
+        assert (line["generator"]["prompt"], line["generator"]["regime"]) == (request.prompt, request.regime.name)
+        # the tap's sampling entropies, one per token, for every sampled request and none for greedy ones
+        assert len(line.get("sampling_entropy", [])) == (len(line["token_ids"]) if request.regime.temperature else 0)
+    assert not {r.prompt for r in planned.values()} & earlier
+
+
+def test_sampling_entropies_are_added_only_to_a_split_the_same_weights_made(tmp_path: Path) -> None:
+    """--add-sampling regenerates the split; it refuses, writing nothing, when the file names other
+    weights than the model at hand (the texts would differ and the labels would not be theirs)."""
+    path = tmp_path / "split.jsonl"
+    lines = [_line("lmr3-0001", "very-hot", "x")]
+    lines[0]["generator"]["weights_sha256"] = "0" * 64
+    write_lines(lines, path)
+    before = path.read_text()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"other weights")
+    request = Request("lmr3-0001", "p", "en", Regime("very-hot", 2.0), 2, 1)
+    with pytest.raises(ValueError, match="other weights"):
+        add_sampling_entropies(path, [request], model)
+    with pytest.raises(ValueError, match="not the split's planned requests"):
+        add_sampling_entropies(path, [], model)
+    assert path.read_text() == before
