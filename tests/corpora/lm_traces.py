@@ -62,10 +62,11 @@ READER_LABELS = {
     **{path: READING / f"{name}_labels.jsonl" for name, path in READ_OUTPUTS.items()},
     OUTPUTS["dev"]: READING / "dev_labels.jsonl",
     FRESH_OUTPUT: READING / "fresh_labels.jsonl",
+    OUTPUTS["test"]: READING / "test_labels.jsonl",
 }
 """Files whose ``label`` is a reader's (their text rules' verdict is ``generator.rule_label``): the
 READ splits; DEV, read afterwards so that settings are tuned on what a reader calls a loop or
-gibberish; and FRESH, read after it had been scored against the rules."""
+gibberish; and FRESH and TEST, read after they had been scored against the rules."""
 MODEL_NAME = "tiny-lm-zh-en"
 SEED = 14
 FRESH_SEED = 1402
