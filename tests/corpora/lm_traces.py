@@ -44,11 +44,12 @@ OUTPUTS = {"dev": FOLDER / "lm_traces_dev.jsonl", "test": FOLDER / "lm_traces_te
 FRESH_OUTPUT = FOLDER / "lm_traces_fresh.jsonl"
 """FRESH: generated after every detector setting and label rule was final, from prompts that neither
 DEV nor TEST holds; nobody looked at it before it was scored. All of it is reported."""
-READ_SPLITS = {"read": (1403, "lmr"), "read2": (1404, "lmr2"), "read3": (1405, "lmr3")}
+READ_SPLITS = {"read": (1403, "lmr"), "read2": (1404, "lmr2"), "read3": (1405, "lmr3"), "read4": (1407, "lmr4")}
 """READ, READ2 and READ3 (seed, id prefix): labelled by a reader, not by ``text_labels``: every text
 read end to end from a sheet that shows only the prompt and the decoded text, before any detector ran
 on the file (see the README). READ2 was generated after the settings that READ's scoring led to were
-final; READ3 (a second blind split) after READ2 was scored, with no setting changed since."""
+final; READ3 (a second blind split) after READ2 was scored, with no setting changed since; READ4
+(a third, the first made with sampling entropies) after the sampling edge was set on DEV2."""
 READ_OUTPUTS = {name: FOLDER / f"lm_traces_{name}.jsonl" for name in READ_SPLITS}
 DEV2 = (1406, "lmd2")
 """DEV2 (seed, id prefix): made when the tap began shipping sampling entropies (the entropy at the
@@ -205,16 +206,17 @@ def plan_read_requests(
 
 def read_split_requests(name: str) -> list[Request]:
     """A READ split's requests: its prompts pass over every prompt of the splits made before it
-    (DEV, TEST, FRESH and the earlier READ splits)."""
+    (DEV, TEST, FRESH, the earlier READ splits, and DEV2 for the READ splits made after it)."""
     names = list(READ_SPLITS)
-    earlier = (*OUTPUTS.values(), FRESH_OUTPUT, *(READ_OUTPUTS[n] for n in names[: names.index(name)]))
+    earlier = (*OUTPUTS.values(), FRESH_OUTPUT, *(READ_OUTPUTS[n] for n in names[: names.index(name)]),
+               *((DEV2_OUTPUT,) if names.index(name) > names.index("read3") else ()))
     used = frozenset(line["generator"]["prompt"] for line in read_lines(earlier).values())
     return plan_read_requests(name, used)
 
 
 def dev2_requests() -> list[Request]:
     """DEV2's requests: 40 prompts that no earlier split holds (READ3 included), every regime."""
-    earlier = (*OUTPUTS.values(), FRESH_OUTPUT, *READ_OUTPUTS.values())
+    earlier = (*OUTPUTS.values(), FRESH_OUTPUT, *(READ_OUTPUTS[n] for n in ("read", "read2", "read3")))
     used = frozenset(line["generator"]["prompt"] for line in read_lines(earlier).values())
     seed, prefix = DEV2
     prompts = corpus_prompts(20, seed, exclude=used | set(HANDWRITTEN_PROMPTS))
