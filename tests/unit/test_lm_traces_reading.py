@@ -137,30 +137,26 @@ def test_the_command_line_names_each_split_and_refuses_the_rest(monkeypatch: pyt
 def test_each_read_split_holds_its_planned_requests_and_no_earlier_prompt() -> None:
     """A READ split is blind only if its prompts are new: the checked-in lines are exactly what
     ``read_split_requests`` plans (ids, prompts, regimes, lengths), and none of their prompts is in a
-    split made before it (DEV, TEST, FRESH, the earlier READ splits)."""
+    split made before it (DEV, TEST, FRESH, the earlier READ splits, DEV2 for READ4); DEV2 likewise."""
     earlier = {line["generator"]["prompt"] for line in read_lines((*OUTPUTS.values(), FRESH_OUTPUT)).values()}
-    for name, path in READ_OUTPUTS.items():
-        planned = {r.id: r for r in read_split_requests(name)}
+    # in the order they were made: DEV2 came after READ3 and before READ4
+    made = [(name, read_split_requests(name), path) for name, path in READ_OUTPUTS.items()]
+    made.insert([name for name, *_ in made].index("read3") + 1, ("dev2", dev2_requests(), DEV2_OUTPUT))
+    for name, requests, path in made:
+        planned = {r.id: r for r in requests}
         stored = read_lines((path,))
-        assert planned.keys() == stored.keys(), name
+        assert planned.keys() == stored.keys() and len(stored) == 200, name
         for request_id, line in stored.items():
             request = planned[request_id]
             assert line["generator"]["prompt"] == request.prompt, request_id
             assert line["generator"]["regime"] == request.regime.name, request_id
             assert len(line["token_ids"]) == request.max_tokens, request_id  # ignore_eos: every token
+            if name in ("dev2", "read4"):  # made with the tap's sampling entropies: none for greedy requests
+                expected = len(line["token_ids"]) if request.regime.temperature else 0
+                assert len(line.get("sampling_entropy", [])) == expected, request_id
         prompts = {r.prompt for r in planned.values()}
         assert not prompts & earlier, name
         earlier |= prompts
-    # DEV2, made after READ3, the same way: its lines are its plan and its prompts are new
-    planned = {r.id: r for r in dev2_requests()}
-    stored = read_lines((DEV2_OUTPUT,))
-    assert planned.keys() == stored.keys() and len(stored) == 200
-    for request_id, line in stored.items():
-        request = planned[request_id]
-        assert (line["generator"]["prompt"], line["generator"]["regime"]) == (request.prompt, request.regime.name)
-        # the tap's sampling entropies, one per token, for every sampled request and none for greedy ones
-        assert len(line.get("sampling_entropy", [])) == (len(line["token_ids"]) if request.regime.temperature else 0)
-    assert not {r.prompt for r in planned.values()} & earlier
 
 
 def test_sampling_entropies_are_added_only_to_a_split_the_same_weights_made(tmp_path: Path) -> None:

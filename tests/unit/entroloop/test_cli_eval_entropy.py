@@ -247,6 +247,38 @@ def test_the_real_model_second_blind_read_split(tmp_path: Path) -> None:
     assert model_only["loop"] == alone["loop"] and model_only["gibberish"]["predicted"] == 0
 
 
+def test_the_real_model_third_blind_read_split_with_sampling_entropies(tmp_path: Path) -> None:
+    """READ4: 40 more prompts, generated with the tap's sampling entropies after the sampling edge
+    was set on DEV2, read and labelled (labels committed) before any detector ran on it; scored once.
+    Disagreements, read after scoring: seven T=1.5 texts flagged as gibberish that the reader called
+    about half readable (all seven marked borderline); two greedy loops missed, each two option lines
+    alternating (a cycle longer than the loop detector's longest period). Pooled with READ2 and READ3
+    (600 blind requests) the token-id figures meet 0.95 / 0.95; READ3 + READ4 (the 400 with sampling
+    entropies) meet 0.90 / 0.90 from entropies alone."""
+    read4 = CORPUS / "lm_traces_read4.jsonl"
+    blind = _figures(read4, True, tmp_path)
+    assert blind["requests"] == 200 and blind["loop"]["support"] == 41 and blind["gibberish"]["support"] == 73
+    assert blind["loop"]["precision"] == 1.0 and blind["loop"]["recall"] >= 0.95
+    assert blind["gibberish"]["precision"] >= 0.91 and blind["gibberish"]["recall"] == 1.0
+    alone = _figures(read4, False, tmp_path)
+    assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.90
+    assert alone["gibberish"]["precision"] >= 0.91 and alone["gibberish"]["recall"] == 1.0
+    assert _figures(read4, False, tmp_path, drop=("sampling_entropy",))["gibberish"]["predicted"] == 0
+    names = ("lm_traces_read2.jsonl", "lm_traces_read3.jsonl", "lm_traces_read4.jsonl")
+    pooled = tmp_path / "read2-read3-read4.jsonl"
+    pooled.write_text("".join((CORPUS / name).read_text() for name in names))
+    both = _figures(pooled, True, tmp_path)
+    assert both["requests"] == 600
+    assert min(both["loop"]["precision"], both["loop"]["recall"]) >= 0.95
+    assert min(both["gibberish"]["precision"], both["gibberish"]["recall"]) >= 0.95
+    sampled = tmp_path / "read3-read4.jsonl"
+    sampled.write_text("".join((CORPUS / name).read_text() for name in names[1:]))
+    alone = _figures(sampled, False, tmp_path)
+    assert alone["requests"] == 400
+    assert min(alone["loop"]["precision"], alone["loop"]["recall"]) >= 0.90
+    assert min(alone["gibberish"]["precision"], alone["gibberish"]["recall"]) >= 0.90
+
+
 def test_the_sampling_edge_sits_in_dev2s_gap(tmp_path: Path) -> None:
     """DEV2 (the split the sampling edge was set on, labelled by the text rules): from entropies
     alone, with sampling entropies, the edge flags every request whose sampler ran far flatter than
