@@ -63,6 +63,8 @@ def regenerated(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) ->
     # ... and of DEV2 (made with sampling entropies), one sampled a little cooler than the model
     dev2 = lm_traces.dev2_requests()
     chosen += [next(r for r in dev2 if r.regime.name == regime) for regime in ("sampled", "very-hot")]
+    # ... and READ4's (the blind split made with them), a hot one
+    chosen += [next(r for r in lm_traces.read_split_requests("read4") if r.regime.name == "hot")]
     sink = tmp_path_factory.mktemp("lm-sink")
     with pytest.MonkeyPatch.context() as patch:
         for key, value in lm_traces.tap_environment(sink).items():
@@ -164,9 +166,9 @@ def test_sampling_entropies_are_the_entropy_at_each_requests_temperature(
         error = np.abs(got - expected)  # float16 on the wire: ~1e-3 relative
         assert error.max() <= 0.02 + 2e-3 * expected.max(), (trace["id"], int(error.argmax()))
         excess = float(np.median(got - np.array(trace["entropy"])))
-        assert excess > 1.5 if temperature >= 2.0 else excess < 0, (trace["id"], temperature, excess)
+        assert excess > 1.0 if temperature > 1.0 else excess < 0, (trace["id"], temperature, excess)
         checked.add(temperature)
-    assert checked == {0.7, 2.0}, checked
+    assert checked == {0.7, 1.5, 2.0}, checked
 
 
 def token_period(token_ids: list[int], max_period: int = 64) -> int | None:
