@@ -67,9 +67,16 @@ def test_chunk_carry_is_recovered_by_a_new_worker_after_a_kill(
     stamper = NodeStamper("node-carry-test")
     t0 = time.time()
     head = [NORMAL] * (CHUNK - (min_run - 1)) + [LOOPING] * (min_run - 1)  # a loop too short alone
-    first = [chunk(stamper, rid, 0, 0, head, False, t0) for rid in ("short-tail", "long-tail", "never-ends")]
-    # Chunk 1 comes after the TTL of the request that never ends (event time), so it expires it.
+    # The request that never ends went quiet a minute before the other two. Chunk 1 comes after its
+    # TTL (event time), so it expires it, and within the TTL of the other two: the worker may close
+    # a watermark after one of them and before the other (they sit on different partitions, so in
+    # different batches), and neither may expire then. With all three at t0 this raced: a watermark
+    # at t0 + ttl + 1 between the two chunk 1s expired the second's carry.
+    tails_at = t0 + 60
+    first = [chunk(stamper, rid, 0, 0, head, False, tails_at) for rid in ("short-tail", "long-tail")]
+    first.append(chunk(stamper, "never-ends", 0, 0, head, False, t0))
     later = t0 + ttl + 1
+    assert later - tails_at < ttl < later - t0
     second = [
         chunk(stamper, "short-tail", 1, CHUNK, [LOOPING] * (min_run - 1) + [NORMAL] * 50, True, later),
         chunk(stamper, "long-tail", 1, CHUNK, [LOOPING] * (min_run + 2) + [NORMAL] * 50, True, later),
