@@ -181,8 +181,7 @@ def _recurring_records(values: np.ndarray, owner: np.ndarray, max_period: int, m
     recurs = np.zeros(n, dtype=np.bool_)
     for key in keys:
         key = (owner.astype(np.int64) << 33) + (key - key.min(initial=0))
-        order = np.argsort(key, kind="stable")
-        ordered = key[order]
+        ordered, order = _grouped_in_position_order(key)
         twin = ordered[1:] == ordered[:-1]
         first, then = order[:-1][twin], order[1:][twin]
         recurs[first[then - first <= max_period]] = True
@@ -192,6 +191,22 @@ def _recurring_records(values: np.ndarray, owner: np.ndarray, max_period: int, m
     marked = np.zeros(int(owner[-1]) + 1, dtype=np.bool_)
     marked[owner[starts[(ends - starts) >= run]]] = True
     return np.flatnonzero(marked)
+
+
+def _grouped_in_position_order(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(key[order], order)`` for ``order = argsort(key, kind="stable")``: equal keys together, each
+    group in position order. Where the key and the position fit in one int64 together (always, for
+    a micro-batch: 9 + 32 bits of record and token id, ~20 of position), one plain sort of
+    ``key << bits | position`` gives both, ~3x faster than numpy's stable argsort (a merge sort
+    for 64-bit keys) on a 32k-token batch, which was a tenth of the entropy detector's time."""
+    n = key.size
+    bits = max(int(n - 1).bit_length(), 1)
+    top = int(key.max(initial=0))
+    if key.size == 0 or int(key.min()) < 0 or top.bit_length() + bits > 62:
+        order = np.argsort(key, kind="stable")
+        return key[order], order
+    packed = np.sort((key << bits) | np.arange(n, dtype=np.int64))
+    return packed >> bits, packed & ((1 << bits) - 1)
 
 
 def _compare_lags(values: np.ndarray, bounds: np.ndarray, owner: np.ndarray, max_period: int,

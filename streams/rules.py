@@ -29,6 +29,7 @@ import ahocorasick
 import msgspec
 
 from entroloop.contract.settings import Settings
+from entroloop.streams.literal_prefilter import LiteralPrefilter
 
 # The bad-case label vocabulary (docs/processors.md, "Bad-case labels"). Rule names are also
 # bad-case labels and retrain categories: keep them stable.
@@ -307,6 +308,9 @@ class ComplianceLexicon:
         sources = [p for p in patterns if p.strip()]
         self.patterns = [re.compile(p, re.IGNORECASE) for p in sources]
         self._any_pattern = _any_of(sources)
+        # Strings every match must contain: most texts hold none, and one automaton pass says so
+        # (~1 µs) where the joined search costs ~13 µs on a short answer (streams/literal_prefilter.py).
+        self._prefilter = LiteralPrefilter.build(sources)
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         """(start, end, term) of every non-negated match, in order; where a term and a pattern
@@ -316,7 +320,11 @@ class ComplianceLexicon:
         # does not (rare ligatures) the terms are still found, only offsets may shift.
         hits = [(end - len(t) + 1, end + 1, t) for end, t in self._automaton.iter(lowered)] if self.terms else []
         # Most texts match no pattern: one scan says so, instead of one scan per pattern.
-        for pattern in self.patterns if self._any_pattern is None or self._any_pattern(lowered) else ():
+        # The patterns run on ``lowered``, so the prefilter reads that too (it never turns away a text
+        # a pattern matches, and then the one joined search says whether any does).
+        may_match = (self._prefilter is None or self._prefilter.may_match(lowered)) and (
+            self._any_pattern is None or self._any_pattern(lowered))
+        for pattern in self.patterns if may_match else ():
             hits.extend((m.start(), m.end(), m.group().lower()) for m in pattern.finditer(lowered) if m.end() > m.start())
         kept: list[tuple[int, int, str]] = []
         for start, end, term in sorted(hits, key=lambda h: (h[0], h[0] - h[1])):
