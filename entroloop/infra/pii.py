@@ -526,12 +526,17 @@ def redactor_for_service(settings: Settings, service: str, refuse_in_production:
                 f"without a pseudonymisation key (a random per-process key makes pseudonyms differ between "
                 f"processes and restarts); {PII_KEY_FIX}"
             )
-        log.warning(
-            "%s: %s is not set (ENTROLOOP_MODE=%s): PII pseudonyms use a random key of this process "
-            "only, so they will not join across processes or restarts; %s",
-            service, PII_KEY_VARIABLE, mode, PII_KEY_FIX,
-        )
+        if service not in _WARNED_WITHOUT_KEY:  # once per service and process: a benchmark or a
+            _WARNED_WITHOUT_KEY.add(service)    # test builds the same processor many times
+            log.warning(
+                "%s: %s is not set (ENTROLOOP_MODE=%s): PII pseudonyms use a random key of this process "
+                "only, so they will not join across processes or restarts; %s",
+                service, PII_KEY_VARIABLE, mode, PII_KEY_FIX,
+            )
     return redactor
+
+
+_WARNED_WITHOUT_KEY: set[str] = set()
 
 
 __all__ = [

@@ -39,9 +39,13 @@ def test_production_mode_with_a_key_starts_without_warning(caplog: pytest.LogCap
     assert not [r for r in caplog.records if "ENTROLOOP_PII_HASH_KEY" in r.getMessage()]
 
 
-def test_demo_mode_without_a_key_warns_loudly(caplog: pytest.LogCaptureFixture) -> None:
+def test_demo_mode_without_a_key_warns_loudly_once(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    from entroloop.infra import pii
+
+    monkeypatch.setattr(pii, "_WARNED_WITHOUT_KEY", set())  # as in a fresh process
     with caplog.at_level(logging.WARNING):
         app = app_from_settings(Settings(mode="demo"), publish=_published().append)
+        app_from_settings(Settings(mode="demo"), publish=_published().append)  # the same process again
     assert app.state.gateway.redactor.ephemeral
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "ENTROLOOP_PII_HASH_KEY" in r.getMessage()]
     assert len(warnings) == 1 and "demo" in warnings[0].getMessage()

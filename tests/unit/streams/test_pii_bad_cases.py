@@ -87,11 +87,15 @@ def test_no_raw_pii_reaches_clickhouse(chdb_client) -> None:
     chdb_client.command(f"DROP DATABASE IF EXISTS {database}")
 
 
-def test_the_joiner_from_settings_uses_the_shared_key(caplog) -> None:
-    """Same ENTROLOOP_PII_HASH_KEY as the gateway: same pseudonyms. Without it: a warning."""
+def test_the_joiner_from_settings_uses_the_shared_key(caplog, monkeypatch) -> None:
+    """Same ENTROLOOP_PII_HASH_KEY as the gateway: same pseudonyms. Without it: a warning (once
+    per process: earlier tests may have built an unkeyed joiner, so the record is reset here)."""
     from pydantic import SecretStr
 
     from entroloop.contract.settings import Settings
+    from entroloop.infra import pii
+
+    monkeypatch.setattr(pii, "_WARNED_WITHOUT_KEY", set())
 
     keyed = BadCaseJoiner.from_settings(Settings(pii_hash_key=SecretStr(KEY)))
     assert keyed.redactor.redact_text(EMAIL) == PiiRedactor(KEY).redact_text(EMAIL)
