@@ -27,9 +27,9 @@ from typing import Any
 
 import ahocorasick
 import msgspec
+from entroloop.streams.literal_prefilter import LiteralPrefilter
 
 from entroloop.contract.settings import Settings
-from entroloop.streams.literal_prefilter import LiteralPrefilter
 
 # The bad-case label vocabulary (docs/processors.md, "Bad-case labels"). Rule names are also
 # bad-case labels and retrain categories: keep them stable.

@@ -7,8 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
-
-from entroloop.streams.literal_prefilter import LiteralPrefilter, fold, necessary_strings
+from entroloop.streams.literal_prefilter import (
+    LiteralPrefilter,
+    fold,
+    necessary_strings,
+)
 from entroloop.streams.rules import DEFAULT_COMPLIANCE_PATTERNS, ComplianceLexicon
 
 DATA = Path(__file__).resolve().parents[2] / "data"

@@ -3,7 +3,6 @@ the fallback for keys too wide to pack with their positions."""
 
 import numpy as np
 import pytest
-
 from entroloop.streams.periodicity import _grouped_in_position_order
 
 
