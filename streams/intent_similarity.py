@@ -12,7 +12,8 @@ defaults in ``Settings``; ``detect_language``: script ratios, no dependency) a `
 ``source="intent"`` is emitted. ``calibrate`` / ``calibrate_scores`` pick per-language thresholds
 from labelled pairs (the cut that maximises balanced accuracy).
 
-The cascade (``cascade=True``): a lexical first stage, cheap (tens of thousands of pairs/s), decides
+The cascade (``cascade=True``): a model-free first stage (``lexical_features``: answer-form and
+refusal cues), cheap (over ten thousand pairs/s), decides
 the pairs outside its margins and only the rest are embedded; ``StageCounts`` keeps each stage's
 pairs and seconds for `entroloop bench detectors` and `entroloop eval intent`.
 
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from entroloop.streams.answer_forms import form_features
 from entroloop.streams.base import Processor, derive
 from entroloop.streams.embedders import (  # re-exported: the embedders used to live here
     Embedder,
@@ -191,17 +193,21 @@ def _terms(text: str) -> set[str]:
 
 
 def lexical_features(query: str, answer: str) -> dict[str, float]:
-    """Features that need no model: the share of the query's terms found in the answer, and the
-    answer's length (log of 1 + words, a Chinese character counting as a word).
+    """Features that need no model, for the head and the cascade's first stage.
 
-    Length carries real signal on both hand-written sets (refusals, deflections and the half-answers
-    of hard negatives are short), and also a bias: a long answer on the wrong subject gains a little,
-    a one-word right answer loses a little.
+    - ``form_asked``, ``form_met``, ``evasive`` (``streams/answer_forms.py``): whether the question
+      asks for a time, a quantity, steps, a reason, a yes or no or a place, whether the answer has
+      that form, and refusal cues. The bundled head uses these: they helped in both directions
+      when a head fitted on one author's hand-written pairs scored another author's.
+    - ``overlap`` (share of the query's terms found in the answer) and ``log_length`` (log of 1 +
+      words, a Chinese character counting as a word): kept for head files that name them, not used
+      by the bundled head, because their weight flips sign between independently written sets (a
+      writer's style, not the need being met: docs/intent.md).
     """
     query_terms = _terms(query)
     overlap = len(query_terms & _terms(answer)) / len(query_terms) if query_terms else 0.0
     words = len(_WORD.findall(answer.lower())) + len(_HAN.findall(answer))
-    return {"overlap": overlap, "log_length": math.log1p(words)}
+    return {"overlap": overlap, "log_length": math.log1p(words), **form_features(query, answer)}
 
 
 class IntentHead(msgspec.Struct, frozen=True):
@@ -362,8 +368,8 @@ class IntentSimilarityScorer(Processor):
 
     @classmethod
     def from_settings(cls, settings: Settings, embedder: Embedder | None = None) -> IntentSimilarityScorer:
-        model = load_intent_model("" if settings.intent_head == "bundled" else settings.intent_head) \
-            if settings.intent_head else None
+        head = settings.intent_head.strip()
+        model = None if head in ("", "none") else load_intent_model("" if head == "bundled" else head)
         # the plain cosine's cascade takes its first stage from the bundled head file
         cheap_stage = load_intent_model().cheap if settings.intent_cascade and model is None else None
         return cls(

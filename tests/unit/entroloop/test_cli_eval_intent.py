@@ -108,7 +108,7 @@ def test_the_bundled_head_and_its_cascade_are_chosen_by_settings(tmp_path: Path)
                       env={"ENTROLOOP_INTENT_HEAD": "bundled", "ENTROLOOP_INTENT_CASCADE": "true"})
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
-    assert figures["scorer"] == "multilingual-e5-small-q4+cosine-lexical-lr+cascade"
+    assert figures["scorer"] == "multilingual-e5-small-q4+cosine-forms-lr+cascade"
     assert figures["decided_by"]["cheap"] + figures["decided_by"]["full"] == pytest.approx(1.0)
     assert figures["decided_by"]["cheap"] > 0  # a one-word answer is settled by the lexical stage
 
@@ -129,7 +129,9 @@ def test_the_cascade_reports_each_stage_and_the_model_alone_on_the_same_pairs(tm
         {"query": "退款多久到账？", "answer": "审核通过后3到5个工作日原路退回到您的支付账户，信用卡可能多等几天。", "on_intent": True},
     ])
     out = tmp_path / "predictions.jsonl"
-    result = run_eval("intent", str(data), "--json", "--predictions", str(out), env={"ENTROLOOP_INTENT_CASCADE": "true"})
+    # the plain cosine behind the bundled first stage
+    result = run_eval("intent", str(data), "--json", "--predictions", str(out),
+                      env={"ENTROLOOP_INTENT_HEAD": "none", "ENTROLOOP_INTENT_CASCADE": "true"})
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["scorer"] == "multilingual-e5-small-q4+lexical-cascade"

