@@ -8,7 +8,13 @@ Which features: the training file holds pairs from two independent authors (ids 
 and ``tzh2-``/``ten2-``). A feature set is kept when a head fitted on one author's pairs scores the
 other author's better than the cosine alone, in both directions and both languages; the script
 prints that transfer table for the candidate sets and stores it. Query-term overlap and answer
-length fail it (their weight flips sign between the authors: a writing style, not intent). The cheap stage's margins are taken from 5-fold cross-validation on the
+length fail it (their weight flips sign between the authors: a writing style, not intent).
+
+Wrong-request negatives: the hand-written negatives are nearly all on topic, so a head fitted on
+them alone learns to trust the cosine little and misses answers that belong to another request
+(another topic; what the synthetic fleet injects). Each query of the file is therefore also paired,
+as off intent, with the on-intent answer of the query SHIFT places after it (same author and
+language, order of first appearance): derived from the file, no generator, no randomness. The cheap stage's margins are taken from 5-fold cross-validation on the
 training set, folds grouped by query (both answers to a query stay in one fold): ``decide_below``
 is the lowest cross-validated probability of any on-intent pair, ``decide_above`` the highest of
 any off-intent pair, so the cheap stage settles only pairs it got right out of fold.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -51,6 +58,8 @@ CANDIDATES = {
     "cosine+forms+overlap+length": ["cosine", "overlap", "log_length", *CHEAP],
 }
 FOLDS = 5
+SHIFT = 7
+SECOND_AUTHOR = re.compile(r"^t(?:zh|en)2-")
 
 
 def fit(x: np.ndarray, y: np.ndarray, c: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -84,7 +93,7 @@ def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
 
 def author_transfer(lines: list[dict], rows: list[dict], y: np.ndarray) -> dict[str, dict[str, dict[str, float]]]:
     """AUROC per language of each candidate set fitted on one author's pairs and scored on the other's."""
-    second = np.array(["2-" in r["id"] for r in lines])
+    second = np.array([bool(SECOND_AUTHOR.match(r["id"])) for r in lines])
     langs = np.array([r["lang"] for r in lines])
     table: dict[str, dict[str, dict[str, float]]] = {}
     for name, names in CANDIDATES.items():
@@ -98,8 +107,26 @@ def author_transfer(lines: list[dict], rows: list[dict], y: np.ndarray) -> dict[
     return table
 
 
+def wrong_request_negatives(lines: list[dict]) -> list[dict]:
+    """Each query with another query's on-intent answer (same author and language), off intent."""
+    groups: dict[tuple[str, str], dict[str, str]] = {}
+    for r in lines:
+        if r["on_intent"]:
+            author = r["id"].split("-")[0]  # tzh, ten, tzh2, ten2
+            groups.setdefault((author, r["lang"]), {}).setdefault(r["query"], r["answer"])
+    derived = []
+    for (author, lang), first_answer in groups.items():
+        queries = list(first_answer)
+        for i, query in enumerate(queries):
+            derived.append({"id": f"{author}-wrong-{i + 1:03d}", "lang": lang, "query": query,
+                            "answer": first_answer[queries[(i + SHIFT) % len(queries)]], "on_intent": False,
+                            "kind": "wrong_request"})
+    return derived
+
+
 def main() -> None:
-    lines = [json.loads(line) for line in TRAIN.read_text(encoding="utf-8").splitlines() if line.strip()]
+    written = [json.loads(line) for line in TRAIN.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = written + wrong_request_negatives(written)
     queries = [r["query"] for r in lines]
     answers = [r["answer"] for r in lines]
     y = np.array([bool(r["on_intent"]) for r in lines], dtype=float)
@@ -139,8 +166,9 @@ def main() -> None:
         trained_on={
             "file": str(TRAIN.relative_to(ROOT)),
             "sha256": hashlib.sha256(TRAIN.read_bytes()).hexdigest(),
-            "pairs": len(lines),
+            "pairs": len(written),
             "on_intent": int(y.sum()),
+            "wrong_request_negatives": len(lines) - len(written),
             "cv_auroc_grouped_by_query": cv,
             "cv_share_settled_by_cheap_stage": round(float(settled.mean()), 3),
             "author_transfer_auroc": transfer,

