@@ -220,7 +220,7 @@ class Settings(BaseSettings):
         "head's probability of on intent: 3 in 4)."
     )
     intent_fallback_threshold: float = Field(
-        0.378, ge=-1, le=1, description="Intent score below which a fallback record is emitted (languages "
+        0.395, ge=-1, le=1, description="Intent score below which a fallback record is emitted (languages "
         "without their own threshold in INTENT_LANGUAGE_THRESHOLDS). Set all three thresholds anew, from "
         "`entroloop eval intent` on your labelled pairs, when you change INTENT_BACKEND or INTENT_HEAD."
     )
@@ -232,7 +232,7 @@ class Settings(BaseSettings):
         "and dashboards are per scored request. 0 turns intent scoring off (a worker then runs no embedder).",
     )
     intent_language_thresholds: dict[str, float] = Field(
-        {"en": 0.268, "zh": 0.351},
+        {"en": 0.272, "zh": 0.35},
         description='Per-language fallback thresholds, JSON (e.g. `{"zh": 0.52}`), from `entroloop eval intent` '
         "(best_threshold) on your labelled pairs; languages not listed use INTENT_FALLBACK_THRESHOLD.",
     )
@@ -249,8 +249,8 @@ class Settings(BaseSettings):
         description="Two-stage intent scoring: a model-free first stage (answer-form and refusal cues; the head's "
         "own, else the one in streams/intent_head.json, margins set on tests/data/intent/train.jsonl) settles the "
         "pairs outside its margins (plain cosine: as 0.0 off intent or 1.0 on intent) and only the rest are "
-        "embedded. Off by default: its cues are about the answer's form, not its topic, so it settles few pairs "
-        "(about 5% of the hand-written set, none of the synthetic fleet's: docs/intent.md) and the speed gain is small; "
+        "embedded. Off by default: its cues are about the answer's form, not its topic, so it settles few pairs or "
+        "none (none of the hand-written set or of the synthetic fleet with the bundled head: docs/intent.md); "
         "an earlier first stage on answer length settled 90% of the fleet but most of it wrongly.",
     )
     intent_model_path: str = Field(

@@ -98,19 +98,45 @@ def test_a_bad_line_stops_with_its_file_and_line_number(tmp_path: Path, line: st
     assert not out.exists()
 
 
+def load_intent_model_path() -> Path:
+    from entroloop.streams.intent_similarity import DEFAULT_HEAD_PATH
+
+    return DEFAULT_HEAD_PATH
+
+
 def test_the_bundled_head_and_its_cascade_are_chosen_by_settings(tmp_path: Path) -> None:
     data = write_lines(tmp_path / "pairs.jsonl", [
         {"query": "How do I change my login password?", "answer": "Sorry.", "on_intent": False},
         {"query": "How do I change my login password?", "answer": "Open Settings, then Account security, then "
          "Change password; type the old password and the new one twice and press Save.", "on_intent": True},
     ])
-    result = run_eval("intent", str(data), "--json",
-                      env={"ENTROLOOP_INTENT_HEAD": "bundled", "ENTROLOOP_INTENT_CASCADE": "true"})
+    result = run_eval("intent", str(data), "--json", env={"ENTROLOOP_INTENT_CASCADE": "true"})  # the head: default
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["scorer"] == "multilingual-e5-small-q4+cosine-forms-lr+cascade"
     assert figures["decided_by"]["cheap"] + figures["decided_by"]["full"] == pytest.approx(1.0)
-    assert figures["decided_by"]["cheap"] > 0  # a one-word answer is settled by the lexical stage
+    assert figures["en"]["auroc"] == 1.0  # the refusal below the answer
+
+
+def test_a_head_file_with_wider_margins_lets_its_first_stage_settle_pairs(tmp_path: Path) -> None:
+    # the bundled first stage's margins are the out-of-fold extremes of its training set, which
+    # settle almost nothing; a head file of the user's own may trust its first stage further
+    bundled = json.loads(load_intent_model_path().read_text(encoding="utf-8"))
+    bundled["cheap"] |= {"decide_below": 0.1, "decide_above": 0.99}  # the refusal: 0.06
+    head = tmp_path / "head.json"
+    head.write_text(json.dumps(bundled), encoding="utf-8")
+    data = write_lines(tmp_path / "pairs.jsonl", [
+        {"query": "How do I change my login password?", "answer": "Sorry.", "on_intent": False},
+        {"query": "退款多久到账？", "answer": "审核通过后3到5个工作日原路退回到您的支付账户。", "on_intent": True},
+    ])
+    out = tmp_path / "predictions.jsonl"
+    result = run_eval("intent", str(data), "--json", "--predictions", str(out),
+                      env={"ENTROLOOP_INTENT_HEAD": str(head), "ENTROLOOP_INTENT_CASCADE": "true"})
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["decided_by"] == {"cheap": 0.5, "full": 0.5}  # the refusal settled, the answer embedded
+    predictions = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert predictions[0]["fallback"] is True and predictions[0]["score"] < 0.1  # the first stage's probability
 
 
 def test_a_missing_head_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -131,22 +157,21 @@ def test_the_cascade_reports_each_stage_and_the_model_alone_on_the_same_pairs(tm
     out = tmp_path / "predictions.jsonl"
     # the plain cosine behind the bundled first stage
     result = run_eval("intent", str(data), "--json", "--predictions", str(out),
-                      env={"ENTROLOOP_INTENT_HEAD": "none", "ENTROLOOP_INTENT_CASCADE": "true"})
+                      env={"ENTROLOOP_INTENT_HEAD": "none", "ENTROLOOP_INTENT_CASCADE": "true",
+                           "ENTROLOOP_INTENT_LANGUAGE_THRESHOLDS": "{\"zh\": 0.901, \"en\": 0.864}"})  # the cosine's
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["scorer"] == "multilingual-e5-small-q4+lexical-cascade"
     stages = figures["stages"]
     assert stages["lexical"]["decided_share"] + stages["model"]["decided_share"] == pytest.approx(1.0)
-    assert stages["lexical"]["decided_share"] > 0  # the one-word refusals are settled by the lexical stage
-    assert stages["lexical"]["pairs_per_s"] > 0
+    assert stages["lexical"]["pairs_per_s"] > 0  # it ran over every pair (settling is tested above)
     # the model alone scored all four pairs: same keys, no stage of its own
     alone = figures["model_alone"]
     assert alone["scorer"] == "multilingual-e5-small-q4" and alone["stages"]["model"]["decided_share"] == 1.0
     assert set(alone["all"]) == KEYS and alone["all"]["pairs"] == 4
     assert "The model alone on the same pairs" in result.stdout
-    # a settled refusal is a fallback with the plain cosine's settled score
     predictions = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    assert predictions[0] == {"id": None, "score": 0.0, "fallback": True}
+    assert [p["fallback"] for p in predictions] == [True, False, True, False]  # the refusals only
 
 
 def test_without_the_cascade_there_is_no_model_alone_figure_and_the_model_decides_everything(tmp_path: Path) -> None:

@@ -133,9 +133,10 @@ def test_bundled_head_is_the_one_trained_on_the_checked_in_training_set() -> Non
     queries = {(r["id"].split("-")[0], r["lang"], r["query"]) for r in lines if r["on_intent"]}
     assert model.trained_on["wrong_request_negatives"] == len(queries) and model.trained_on["pairs"] == len(lines)
     transfer = model.trained_on["author_transfer_auroc"]
-    for direction in ("first->second", "second->first"):
+    assert len(transfer["cosine"]) >= 2  # at least two authors, each held out once
+    for held_out, cells in transfer["cosine+forms"].items():
         for lang in ("zh", "en"):
-            assert transfer["cosine+forms"][direction][lang] > transfer["cosine"][direction][lang]
+            assert cells[lang] > transfer["cosine"][held_out][lang], (held_out, lang)
 
 
 def test_a_broken_head_file_names_the_setting(tmp_path: Path) -> None:
