@@ -122,15 +122,16 @@ def author_transfer(lines: list[dict], rows: list[dict], y: np.ndarray) -> dict[
 
 def wrong_request_negatives(lines: list[dict]) -> list[dict]:
     """Each query with another query's on-intent answer (same author and language), off intent."""
-    groups: dict[tuple[str, str], dict[str, str]] = {}
+    groups: dict[tuple[int, str], dict[str, str]] = {}
     for r in lines:
         if r["on_intent"]:
-            groups.setdefault((r["id"].split("-")[0], r["lang"]), {}).setdefault(r["query"], r["answer"])
+            groups.setdefault((author_of(r["id"]), r["lang"]), {}).setdefault(r["query"], r["answer"])
     derived = []
     for (author, lang), first_answer in groups.items():
+        prefix = f"t{lang}{author if author > 1 else ''}"  # the author's own id prefix, so author_of reads it back
         queries = list(first_answer)
         for i, query in enumerate(queries):
-            derived.append({"id": f"{author}-wrong-{i + 1:03d}", "lang": lang, "query": query,
+            derived.append({"id": f"{prefix}-wrong-{i + 1:03d}", "lang": lang, "query": query,
                             "answer": first_answer[queries[(i + SHIFT) % len(queries)]], "on_intent": False,
                             "kind": "wrong_request"})
     return derived
