@@ -30,6 +30,11 @@ from entroloop.sinks.clickhouse.poison import (
     PoisonRecordsError,
     insert_isolating_poison,
 )
+from entroloop.sinks.clickhouse.torn_insert import (
+    newest_insert,
+    restore_missing_rollups,
+    restore_missing_rows,
+)
 from entroloop.sinks.recent_ids import RecentEventIds
 
 from entroloop.contract.records import Event
@@ -80,7 +85,8 @@ class ClickHouseSink:
     isolates_poison = True
 
     def __init__(self, client: Any, database: str = "entroloop", apply_migrations: bool = True,
-                 quarantine: Quarantine | None = None, seed_window_s: float = SEED_WINDOW_S) -> None:
+                 quarantine: Quarantine | None = None, seed_window_s: float = SEED_WINDOW_S,
+                 embedded: bool = False) -> None:
         self.client = client
         self.database = database
         # dead letters' raw bytes go here, never into dead_letters (analysts can query that table)
@@ -94,8 +100,14 @@ class ClickHouseSink:
         self.recent = RecentEventIds()  # event ids are unique across tables: one memory serves all
         # event id -> insert token, of what the tables stored lately before this process started
         self.stored_before_start: dict[str, str] = {}
-        if seed_window_s > 0 and _INSERT_TOKEN_MIGRATION in applied_migrations(client, database):
-            self.stored_before_start = self.stored_since(seed_window_s, self.recent.capacity)
+        # embedded (chDB): this process is the database, so a crash of it can tear the newest insert
+        # between a raw table and a rollup view (``repair_replay``); a server finishes what it began
+        self.newest_insert_at_start: tuple[str, str] | None = None
+        if _INSERT_TOKEN_MIGRATION in applied_migrations(client, database):
+            if seed_window_s > 0:
+                self.stored_before_start = self.stored_since(seed_window_s, self.recent.capacity)
+            if embedded:
+                self.newest_insert_at_start = newest_insert(client, database, EVENT_TABLES)
         # where a sink's time goes (bench, metrics): wall-clock and CPU seconds per stage
         self.stage_seconds = {"arrow": 0.0, "insert": 0.0}
         self.stage_cpu_seconds = {"arrow": 0.0, "insert": 0.0}
@@ -169,12 +181,16 @@ class ClickHouseSink:
                 on_poison(p.index, p.item, p.reason)
         return len(fresh) - len(poison)
 
+    def arrow(self, table: str, records: Sequence[Event]) -> Any:
+        """The Arrow table an insert of ``records`` into ``table`` sends."""
+        if table == "dead_letters":  # the row keeps reason, size and SHA-256; the bytes are quarantined first
+            records = strip_payloads(list(records), self.quarantine)  # type: ignore[arg-type]
+        return build_table(table, self.columns(table), records)
+
     def _insert_part(self, table: str, records: Sequence[Event], token: str) -> None:
         """Build and insert one piece of a batch; remember its ids once it is stored."""
         started, started_cpu = time.perf_counter(), time.thread_time()
-        if table == "dead_letters":  # the row keeps reason, size and SHA-256; the bytes are quarantined first
-            records = strip_payloads(list(records), self.quarantine)  # type: ignore[arg-type]
-        arrow = build_table(table, self.columns(table), records)
+        arrow = self.arrow(table, records)
         built, built_cpu, insert_cpu = time.perf_counter(), time.thread_time(), time.process_time()
         self.client.insert_arrow(f"{self.database}.{table}", arrow, settings=insert_settings(token))
         self.stage_seconds["arrow"] += built - started
@@ -187,6 +203,24 @@ class ClickHouseSink:
         if self.stored_before_start and self.rows_written >= self.recent.capacity:
             # the live memory holds as many ids, all newer: it guarantees what the read-back did
             self.stored_before_start = {}
+
+    def repair_replay(self, topic: str, ranges: Sequence[tuple[int, int, int]], stored: Sequence[Event],
+                      token_prefix: str = "") -> int:
+        """Complete the replay of a batch a crashed process may have been inserting; rows restored.
+
+        Call it right after the batch's insert, for a batch journaled but never committed, with the
+        records it stored (not the ones refused as poison). ClickHouse may have logged the batch's
+        token and lost its part (``entroloop.sinks.clickhouse.torn_insert``): the rows the raw table
+        still lacks are attached without feeding the rollups again. Embedded, the rollups are also
+        checked for the share of the newest insert before this process started.
+        """
+        token = batch_token(token_prefix + topic, ranges)
+        table = TOPIC_BY_NAME[topic].table
+        restored = restore_missing_rows(self, table, stored, token)
+        newest = self.newest_insert_at_start
+        if newest and newest[0] == table and (newest[1] == token or newest[1].startswith(token + "/")):
+            restore_missing_rollups(self.client, self.database, table, newest[1])
+        return restored
 
     def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event],
               on_poison: OnPoison | None = None) -> int:
