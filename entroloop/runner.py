@@ -109,10 +109,12 @@ class EmbeddedRunner:
         self._crash = CrashPoints()
         # raw bytes of dead letters: write-once, read by id (`entroloop audit quarantine ID`), never a table
         self.quarantine = quarantine_from_settings(settings)
+        dsn = settings.resolved_clickhouse_dsn()
         self.clickhouse = ClickHouseSink(
-            connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value()),
+            connect(dsn, settings.clickhouse_password.get_secret_value()),
             settings.clickhouse_database,
             quarantine=self.quarantine,
+            embedded=dsn.startswith("chdb://"),
         )
         worm = open_worm_store(settings, create_bucket=True)
         # signed checkpoints of the chain heads (ENTROLOOP_AUDIT_SIGNING_KEY_FILE) go to this runner's
@@ -130,6 +132,13 @@ class EmbeddedRunner:
                 self._routes[record_type].append(processor)
         self._watermark = 0.0
         self._max_event_time = 0.0
+        # After a crash: the batches journaled but not committed; their replays are checked
+        # (``ClickHouseSink.repair_replay``: chDB may have logged a token and lost its part).
+        self._in_doubt = {
+            (t.name, p): (self.offsets.get(t.name, p), self.cuts.last_end(t.name, p))
+            for t in TOPICS for p in range(settings.partitions)
+            if self.cuts.last_end(t.name, p) > self.offsets.get(t.name, p)
+        }
 
     # --- producing -------------------------------------------------------------------------------
     def publish(self, record: Event) -> bool:
@@ -267,6 +276,10 @@ class EmbeddedRunner:
             self.publish(self._dead_letter(topic, partition, offset, key, value, err))
 
         self.clickhouse.write(topic, partition, first, last, records, on_poison=dead_letter)
+        saved, last_cut = self._in_doubt.get((topic, partition), (0, 0))
+        if saved <= first and last < last_cut:
+            self.clickhouse.repair_replay(topic, [(partition, first, last)],
+                                          [r for i, r in enumerate(records) if i not in refused])
         return refused
 
     def _write_audit_log(

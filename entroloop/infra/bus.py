@@ -197,6 +197,11 @@ class BatchCuts:
             start = stop
         return batches
 
+    def last_end(self, topic: str, partition: int) -> int:
+        """The furthest end journaled for ``topic``/``partition`` (0: none)."""
+        cuts = self._cuts.get(f"{topic}:{partition}")
+        return cuts[-1] if cuts else 0
+
     def save(self) -> None:
         """Persist the journal if ``plan`` added ends since the last save."""
         if self._changed:

@@ -260,6 +260,32 @@ def clickhouse_query(data_dir: Path, sql: str = "") -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# Deletes the newest insert's rows from its raw table, not from the deduplication log nor from the
+# rollups: what a SIGKILL of chDB's process between ClickHouse's log append and its part rename
+# leaves behind (``entroloop.sinks.clickhouse.torn_insert``).
+_TEAR = r"""
+import json, sys
+from entroloop.infra.clickhouse.client import connect
+from entroloop.sinks.clickhouse.torn_insert import newest_insert
+from entroloop.sinks.clickhouse.writer import EVENT_TABLES
+client, db = connect(sys.argv[1]), "entroloop"
+table, token = newest_insert(client, db, EVENT_TABLES)
+rows = client.query(f"SELECT count() FROM {db}.{table} WHERE insert_token = '{token}'").result_rows[0][0]
+client.command(f"ALTER TABLE {db}.{table} DELETE WHERE insert_token = '{token}' SETTINGS mutations_sync = 2")
+print(json.dumps({"table": table, "token": token, "rows": rows}))
+"""
+
+
+def tear_newest_insert(data_dir: Path) -> dict[str, Any]:
+    """Make the newest insert of the chDB folder under ``data_dir`` torn; its table, token and rows."""
+    done = subprocess.run([PYTHON, "-c", _TEAR, f"chdb://{(data_dir / 'clickhouse').resolve()}"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    torn = json.loads(done.stdout.strip().splitlines()[-1])
+    assert torn["rows"] > 0, torn
+    return torn
+
+
 def clickhouse_identities(data_dir: Path) -> dict[str, Counter[Identity]]:
     """``(node_id, seq) -> rows`` per table (raw rows, no FINAL: a stored duplicate shows as 2)."""
     tables = clickhouse_query(data_dir)["tables"]

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from tests.reliability.harness import REPO_ROOT, Figures, report
+from tests.reliability.harness import REPO_ROOT, Figures, report, tear_newest_insert
 
 REQUESTS = 300  # per crash scenario: small batches give many cuts and steps in a short run
 SEED = 11
@@ -246,6 +246,22 @@ def test_sigkill_at_a_fault_point_then_replay(tmp_path: Path, point: str, nth: i
     assert demo.returncode == -signal.SIGKILL, f"the fault hook should have killed the demo (exit {demo.returncode}):\n{err[-2000:]}"
     assert f"fault: SIGKILL at {point} #{nth}" in err
     _replay_and_check(data_dir, f"embedded demo SIGKILLed at {point} #{nth}, then replayed", _drain_started(data_dir))
+
+
+def test_insert_torn_inside_clickhouse_then_replay(tmp_path: Path) -> None:
+    """The random kill CI once caught: between ClickHouse's deduplication log and its part rename.
+
+    The replay of that batch is dropped by the token the log kept; the runner restores the rows
+    the raw table lacks without counting them in the rollups again (tests/integration/test_torn_insert.py
+    makes every torn state on disk; this one goes through the demo and ``entroloop replay``).
+    """
+    data_dir = tmp_path / "data"
+    demo = _start_demo(data_dir, ENTROLOOP_FAULT_KILL_EMBEDDED="insert:7")
+    _, err = demo.communicate(timeout=600)
+    assert demo.returncode == -signal.SIGKILL, err[-2000:]
+    tear = tear_newest_insert(data_dir)
+    _replay_and_check(data_dir, f"embedded demo SIGKILLed inside ClickHouse's commit of {tear['token']} "
+                      f"({tear['rows']} rows), then replayed", drain_started=True)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
