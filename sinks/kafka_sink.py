@@ -665,7 +665,7 @@ class KafkaSinkConsumer:
             self._written.add((topic, batch))
             return 0
         started = time.perf_counter()
-        refused = self._target_write(topic, members)
+        refused = self._target_write(topic, members, replay)
         took = time.perf_counter() - started
         self.stats.stage_seconds["write"] += took
         INSERT_SECONDS.labels(f"{self.kind}:{topic}").observe(took)
@@ -681,20 +681,22 @@ class KafkaSinkConsumer:
         _after_durable_write(f"{topic} {format_journal([Pending(batch[0][1], batch[0][2], batch)])}")
         return rows
 
-    def _target_write(self, topic: str, members: Sequence[tuple[Member, list[tuple[int, Event]]]]) -> int:
+    def _target_write(self, topic: str, members: Sequence[tuple[Member, list[tuple[int, Event]]]],
+                      replay: bool = False) -> int:
         """Write one batch; records the target refuses on their own are produced as dead letters.
 
         Returns how many were refused. The dead letters are flushed before any offset past them is
-        committed (``_commit``).
+        committed (``_commit``). A ``replay`` (a batch a crashed owner journaled) is then handed to
+        the target's ``repair_replay`` where it has one (ClickHouse: a crash of the database itself
+        may have logged the batch's token and lost its rows).
         """
         located = [(m[0], o, r) for m, pairs in members for o, r in pairs]  # (partition, offset, record)
         slices = [Slice(m[0], m[1], m[2], [r for _, r in pairs]) for m, pairs in members]
         isolates = getattr(self.target, "isolates_poison", False)
-        refused = 0
+        refused_at: set[int] = set()
 
         def dead_letter(index: int, record: Event, reason: str) -> None:
-            nonlocal refused
-            refused += 1
+            refused_at.add(index)
             partition, offset, _ = located[index]
             err = CodecError(f"ClickHouse refused the record: {reason}")
             err.error_type = "insert_rejected"
@@ -709,7 +711,11 @@ class KafkaSinkConsumer:
         else:
             (s,) = slices
             self.target.write(topic, s.partition, s.first, s.last, s.records, **poison)
-        return refused
+        repair = getattr(self.target, "repair_replay", None)
+        if replay and repair is not None:
+            repair(topic, [(s.partition, s.first, s.last) for s in slices],
+                   [r for i, (_, _, r) in enumerate(located) if i not in refused_at])
+        return len(refused_at)
 
     def _journal(self, batches: dict[str, list[Batch]]) -> None:
         """Record each batch (per topic) as pending on every partition it covers, all in one commit,
@@ -831,6 +837,9 @@ class PrefixedClickHouseTarget:
         return self.sink.insert(topic, [(s.partition, s.first, s.last) for s in slices],
                                 [r for s in slices for r in s.records], token_prefix=self.prefix, on_poison=on_poison)
 
+    def repair_replay(self, topic: str, ranges: Sequence[tuple[int, int, int]], stored: Sequence[Event]) -> int:
+        return self.sink.repair_replay(topic, ranges, stored, token_prefix=self.prefix)
+
 
 def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkConsumer:
     """Every topic of the registry into its ClickHouse table (migrations applied first)."""
@@ -842,7 +851,8 @@ def clickhouse_sink_consumer(settings: Settings, **options: Any) -> KafkaSinkCon
 
     client = connect(settings.resolved_clickhouse_dsn(), settings.clickhouse_password.get_secret_value())
     # dead letters' raw bytes go to the write-once quarantine beside the audit log, never to the table
-    sink = ClickHouseSink(client, settings.clickhouse_database, quarantine=quarantine_from_settings(settings))
+    sink = ClickHouseSink(client, settings.clickhouse_database, quarantine=quarantine_from_settings(settings),
+                          embedded=settings.resolved_clickhouse_dsn().startswith("chdb://"))
     target = PrefixedClickHouseTarget(sink, settings.topic_prefix) if settings.topic_prefix else sink
     return KafkaSinkConsumer("clickhouse", target, [t.name for t in TOPICS], settings, **options)
 

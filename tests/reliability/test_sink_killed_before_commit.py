@@ -23,11 +23,13 @@ from tests.reliability.harness import (
     audit_identities,
     check_exactly_once,
     clickhouse_identities,
+    clickhouse_query,
     fleet_records,
     identity,
     report,
     run_sink,
     sink_env,
+    tear_newest_insert,
 )
 
 PARTITIONS = 3
@@ -107,3 +109,33 @@ def test_table_batch_over_several_partitions_killed_before_commit(kafka_bootstra
                    stored={"clickhouse": unique}, duplicates_absorbed=stats["replayed_rows"], lost=lost,
                    recovery_s=0.0, note="restarted with another batch size: the journal, not the cut, decides"))
     assert lost == 0 and twice == 0, f"lost {lost}, stored twice {twice}"
+
+
+def test_sink_killed_inside_clickhouses_commit(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    """chDB runs inside the sink, so a SIGKILL can land between ClickHouse's deduplication log and
+    its part rename: the restarted sink's rewrite of that batch is dropped by the token the log
+    kept, and ``repair_replay`` must attach the rows the table lacks (the rollups already hold them)."""
+    ensure_topics(kafka_bootstrap, topic_prefix, PARTITIONS)
+    records = fleet_records(120, seed=85)
+    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for r in records:
+        producer.produce(topic_prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
+                         partition=partition_for(r.request_id, PARTITIONS))
+    assert producer.flush(60) == 0
+    env = sink_env(kafka_bootstrap, topic_prefix, tmp_path, PARTITIONS)
+    code, _, err = run_sink("clickhouse", env, "--batch-rows", "40", "--batch-seconds", "0.2", fault_after=4)
+    assert code == -9, f"the fault hook should have SIGKILLed the sink (exit {code}):\n{err[-3000:]}"
+    torn = tear_newest_insert(tmp_path)
+    code, stats, err = run_sink("clickhouse", env, "--batch-rows", "100000", "--batch-seconds", "5")
+    assert code == 0, err[-3000:]
+    assert stats["replayed_rows"] > 0, stats
+    sent = [identity(r) for r in records]
+    unique, twice, lost = check_exactly_once(sent, all_identities(clickhouse_identities(tmp_path)), "clickhouse")
+    rollup, raw = clickhouse_query(tmp_path, "SELECT (SELECT sum(chunks) FROM entroloop.entropy_1m), "
+                                   "(SELECT count() FROM entroloop.token_entropy)")["query"][0]
+    report(Figures("sink SIGKILLed inside ClickHouse's commit (chDB), then restarted", sent=len(sent),
+                   stored={"clickhouse": unique}, duplicates_absorbed=stats["replayed_rows"], lost=lost,
+                   recovery_s=0.0, note=f"{torn['rows']} rows of {torn['token']} lost with their token logged; "
+                   f"entropy rollup {rollup} chunks, raw table {raw}"))
+    assert lost == 0 and twice == 0, f"lost {lost}, stored twice {twice}"
+    assert rollup == raw, f"entropy_1m counts {rollup} chunks, token_entropy holds {raw} rows"
