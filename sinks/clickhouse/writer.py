@@ -9,7 +9,9 @@ That memory dies with the process, so a starting sink reads back the ids its tab
 last ``SEED_WINDOW_S`` seconds with the token each was inserted under (migration 0010's
 ``insert_token``): one stored by another batch is a copy and is dropped too; one stored by this
 same batch (a redelivery after a crash) is not, because ClickHouse's token check must decide it (an
-insert torn between the raw table and its rollup views is then completed, not skipped). Behind all
+insert torn between the raw table and its rollup views is then completed, not skipped). That check
+itself can be wrong after a crash of the database's own process (chDB): ``repair_replay`` completes
+a replayed batch whose token outlived its part (``entroloop.sinks.clickhouse.torn_insert``). Behind all
 of them, every table is a ReplacingMergeTree keyed on ``event_id``, so a copy that slips past them
 (outside the window) still ends as one row on merge (exact counts use ``FINAL``; the rollups count
 it twice).
