@@ -35,14 +35,19 @@ from tests.reliability.harness import (
 PARTITIONS = 3
 
 
+def _publish(bootstrap: str, prefix: str, records: list) -> None:
+    """Every record onto its topic's partition, acknowledged by the broker."""
+    producer = AcknowledgedProducer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for r in records:
+        producer.produce(prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
+                         partition=partition_for(r.request_id, PARTITIONS))
+    assert producer.flush(60) == 0
+
+
 def test_sinks_killed_between_write_and_commit(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
     ensure_topics(kafka_bootstrap, topic_prefix, PARTITIONS)
     records = fleet_records(300, seed=81)
-    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    for r in records:
-        producer.produce(topic_prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
-                         partition=partition_for(r.request_id, PARTITIONS))
-    assert producer.flush(60) == 0
+    _publish(kafka_bootstrap, topic_prefix, records)
     env = sink_env(kafka_bootstrap, topic_prefix, tmp_path, PARTITIONS)
 
     replayed: dict[str, int] = {}
@@ -85,11 +90,7 @@ def test_table_batch_over_several_partitions_killed_before_commit(kafka_bootstra
     after that insert, the restarted sink rewrites the same members under the same token."""
     ensure_topics(kafka_bootstrap, topic_prefix, PARTITIONS)
     records = fleet_records(120, seed=83)
-    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    for r in records:
-        producer.produce(topic_prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
-                         partition=partition_for(r.request_id, PARTITIONS))
-    assert producer.flush(60) == 0
+    _publish(kafka_bootstrap, topic_prefix, records)
     env = sink_env(kafka_bootstrap, topic_prefix, tmp_path, PARTITIONS)
     # rows bound far away and the records minutes old in Kafka: every table's first write is due at
     # once and takes all its partitions
@@ -117,11 +118,7 @@ def test_sink_killed_inside_clickhouses_commit(kafka_bootstrap: str, topic_prefi
     kept, and ``repair_replay`` must attach the rows the table lacks (the rollups already hold them)."""
     ensure_topics(kafka_bootstrap, topic_prefix, PARTITIONS)
     records = fleet_records(120, seed=85)
-    producer = AcknowledgedProducer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    for r in records:
-        producer.produce(topic_prefix + r.topic, key=r.request_id.encode(), value=codec.encode(r),
-                         partition=partition_for(r.request_id, PARTITIONS))
-    assert producer.flush(60) == 0
+    _publish(kafka_bootstrap, topic_prefix, records)
     env = sink_env(kafka_bootstrap, topic_prefix, tmp_path, PARTITIONS)
     code, _, err = run_sink("clickhouse", env, "--batch-rows", "40", "--batch-seconds", "0.2", fault_after=4)
     assert code == -9, f"the fault hook should have SIGKILLed the sink (exit {code}):\n{err[-3000:]}"
