@@ -169,12 +169,18 @@ def register(app: typer.Typer) -> None:
             "audit_files_before": len(files_before),
             "audit_files_after": len(runner.audit.store.list()),
             "audit_files_rewritten": runner.audit.files_written,
+            # rows and rollup shares a crash inside chDB's own commit had lost (ClickHouseSink.repair_replay)
+            "torn_inserts_repaired": {"rows": runner.clickhouse.torn_rows_restored,
+                                      "rollups": runner.clickhouse.torn_rollups_restored},
         }
         runner.close()
         if as_json:
             print(json.dumps(result))
         else:
             out.print(f"tables and rollups unchanged: {result['unchanged']}; audit files written anew: {result['audit_files_rewritten']}")
+            if runner.clickhouse.torn_rows_restored or runner.clickhouse.torn_rollups_restored:
+                out.print(f"restored after a crash inside ClickHouse's commit: {runner.clickhouse.torn_rows_restored} rows, "
+                          f"{runner.clickhouse.torn_rollups_restored} rollup shares")
 
     @app.command()
     def query(

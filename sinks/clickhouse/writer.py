@@ -105,6 +105,8 @@ class ClickHouseSink:
         # embedded (chDB): this process is the database, so a crash of it can tear the newest insert
         # between a raw table and a rollup view (``repair_replay``); a server finishes what it began
         self.newest_insert_at_start: tuple[str, str] | None = None
+        self.torn_rows_restored = 0  # rows and rollup shares ``repair_replay`` put back
+        self.torn_rollups_restored = 0
         if _INSERT_TOKEN_MIGRATION in applied_migrations(client, database):
             if seed_window_s > 0:
                 self.stored_before_start = self.stored_since(seed_window_s, self.recent.capacity)
@@ -219,9 +221,10 @@ class ClickHouseSink:
         token = batch_token(token_prefix + topic, ranges)
         table = TOPIC_BY_NAME[topic].table
         restored = restore_missing_rows(self, table, stored, token)
+        self.torn_rows_restored += restored
         newest = self.newest_insert_at_start
         if newest and newest[0] == table and (newest[1] == token or newest[1].startswith(token + "/")):
-            restore_missing_rollups(self.client, self.database, table, newest[1])
+            self.torn_rollups_restored += restore_missing_rollups(self.client, self.database, table, newest[1])
         return restored
 
     def write(self, topic: str, partition: int, first_offset: int, last_offset: int, records: Sequence[Event],

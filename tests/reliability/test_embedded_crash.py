@@ -214,14 +214,17 @@ def _drain_started(data_dir: Path) -> bool:
     return (data_dir / "batch_cuts.json").exists()
 
 
-def _replay_and_check(data_dir: Path, scenario: str, drain_started: bool) -> None:
-    _replay(data_dir)
+def _replay_and_check(data_dir: Path, scenario: str, drain_started: bool) -> dict[str, Any]:
+    """Replay, check, replay again and check nothing changed; the first replay's result."""
+    first = _replay(data_dir)
     state = _probe(data_dir)
     _check_consistent(state, drain_started, scenario)
     again = _replay(data_dir)
     assert again["unchanged"], f"{scenario}: a second replay changed the tables: {again}"
     assert _state_without_bus(_probe(data_dir)) == _state_without_bus(state), (
         f"{scenario}: a second replay changed a table or a rollup")
+    assert again["torn_inserts_repaired"] == {"rows": 0, "rollups": 0}, again
+    return first
 
 
 def test_clean_replay_leaves_every_table_and_rollup_unchanged(tmp_path: Path) -> None:
@@ -260,8 +263,9 @@ def test_insert_torn_inside_clickhouse_then_replay(tmp_path: Path) -> None:
     _, err = demo.communicate(timeout=600)
     assert demo.returncode == -signal.SIGKILL, err[-2000:]
     tear = tear_newest_insert(data_dir)
-    _replay_and_check(data_dir, f"embedded demo SIGKILLed inside ClickHouse's commit of {tear['token']} "
-                      f"({tear['rows']} rows), then replayed", drain_started=True)
+    replayed = _replay_and_check(data_dir, f"embedded demo SIGKILLed inside ClickHouse's commit of {tear['token']} "
+                                 f"({tear['rows']} rows), then replayed", drain_started=True)
+    assert replayed["torn_inserts_repaired"] == {"rows": tear["rows"], "rollups": 0}, replayed
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
