@@ -63,7 +63,7 @@ import socket
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,6 +129,8 @@ class StreamsConfig:
     with it the worker spent a fifth of its time waiting on fetches in ``entroloop bench workers``)."""
     watermark_interval_s: float = 0.25
     """Most often a processor's ``on_watermark`` runs (``WatermarkCadence``)."""
+    watermark_idle_s: float = 2.0
+    """An input partition silent this long stops holding the watermark back (``WatermarkCadence``)."""
     producer_linger_s: float = 0.02
     commit_interval_s: float = 1.0
     health_interval_s: float = 10.0
@@ -156,6 +158,7 @@ class StreamsConfig:
             "buffer_records": settings.streams_buffer_records,
             "commit_interval_s": settings.streams_commit_interval_s,
             "health_interval_s": settings.streams_health_interval_s,
+            "watermark_idle_s": settings.streams_watermark_idle_s,
             "stop_grace_s": settings.streams_stop_grace_s,
             "datadir": str(settings.data_dir / "faust"),
             "faust_options": {
@@ -168,24 +171,55 @@ class StreamsConfig:
 
 
 class WatermarkCadence:
-    """When to call a processor's ``on_watermark``: at most every ``interval_s`` of wall time,
-    with the highest event time seen meanwhile. Per batch was the rule, but an expiry scan (the
-    bad-case join scans its whole table) then runs for every small batch of every input topic;
-    windows close at most ``interval_s`` later, which their grace periods (seconds) dwarf."""
+    """When to call a processor's ``on_watermark``, and with which event time.
 
-    def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+    The watermark is the lowest of the input partitions' newest event times, over the partitions
+    heard from in the last ``idle_s`` of wall time (all of them when every one is idle), and never
+    goes back. The newest event time seen anywhere was the rule, but a worker catching up on a
+    backlog reads one partition's chunk ahead of another's: the watermark then ran past the slower
+    partition's events, which came late to windows that had closed (dropped, counted as late) and
+    to joins that had expired them. A partition silent for ``idle_s`` (no traffic, or revoked) stops
+    holding the others back, as in Flink's idleness. ``source`` is the ``(topic, partition)`` the
+    event times came from; one caller without partitions passes none. ``sources``: the partitions
+    to wait for once the first event arrives (a catching-up worker gets one partition's first chunk
+    before the others'), each until it is heard from or has been silent for ``idle_s``; a partition
+    another worker owns is never heard from and stops counting then.
+
+    Calls come at most every ``interval_s`` of wall time: per batch was the rule, but an expiry
+    scan (the bad-case join scans its whole table) then runs for every small batch of every input
+    topic; windows close at most ``interval_s`` later, which their grace periods (seconds) dwarf."""
+
+    def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic,
+                 idle_s: float = 2.0, sources: Iterable[Any] = ()) -> None:
         self.interval_s = interval_s
+        self.idle_s = idle_s
         self.clock = clock
         self.event_time = float("-inf")
         self._last_call = float("-inf")
+        self._expected = list(sources)
+        self._newest: dict[Any, tuple[float, float]] = {}  # source -> (newest event time, wall time heard)
 
-    def due(self, event_time: float) -> bool:
-        """Record ``event_time``; True when ``on_watermark(self.event_time)`` should run now."""
-        self.event_time = max(self.event_time, event_time)
+    def note(self, event_time: float, source: Any = None) -> None:
+        """Record that ``source`` delivered events up to ``event_time``."""
         now = self.clock()
-        if now - self._last_call < self.interval_s:
+        if not self._newest:  # the first event: from now on, wait a while for the other partitions
+            self._newest = {expected: (float("-inf"), now) for expected in self._expected}
+        newest, _ = self._newest.get(source, (float("-inf"), now))
+        self._newest[source] = (max(newest, event_time), now)
+
+    def due(self, event_time: float | None = None, source: Any = None) -> bool:
+        """Record ``event_time`` from ``source`` (if given); True when ``on_watermark(self.event_time)``
+        should run now."""
+        if event_time is not None:
+            self.note(event_time, source)
+        now = self.clock()
+        if not self._newest or now - self._last_call < self.interval_s:
             return False
-        self._last_call = now
+        active = [t for t, heard in self._newest.values() if now - heard <= self.idle_s]
+        candidate = max(self.event_time, min(active) if active else max(t for t, _ in self._newest.values()))
+        if candidate == float("-inf"):  # still waiting to hear from every partition
+            return False
+        self._last_call, self.event_time = now, candidate
         return True
 
 
@@ -302,7 +336,11 @@ class StreamsApp:
         }
         self.table_states: dict[int, TableState[Any]] = {}
         self._evicted_counted: dict[int, int] = {}  # per processor: evictions already added to TABLE_EVICTED
-        self._watermarks = {id(p): WatermarkCadence(config.watermark_interval_s) for p in self.processors}
+        self._watermarks = {
+            id(p): WatermarkCadence(config.watermark_interval_s, idle_s=config.watermark_idle_s, sources=[
+                (TOPIC_BY_TYPE[t].name, partition) for t in p.inputs for partition in range(config.partitions)])
+            for p in self.processors
+        }
         for processor in self.processors:
             spec: TableStateSpec[Any] | None = getattr(processor, "table_state", None)
             if spec is not None:
@@ -418,14 +456,13 @@ class StreamsApp:
         if not batch:
             return out
         records = [record for record, _ in batch]
-        watermark = max(r.emitted_at for r in records)
         for processor in processors:
             with self._locks[id(processor)]:
-                out.extend(self._run_processor(topic, processor, batch, records, watermark))
+                out.extend(self._run_processor(topic, processor, batch, records))
         return out
 
     def _run_processor(
-        self, topic: str, processor: Processor, batch: list[tuple[Event, Any]], records: list[Event], watermark: float
+        self, topic: str, processor: Processor, batch: list[tuple[Event, Any]], records: list[Event]
     ) -> list[Event]:
         out: list[Event] = []
         state = self.table_states.get(id(processor))
@@ -444,8 +481,14 @@ class StreamsApp:
         else:
             out.extend(self._process_isolating(topic, processor, batch, records))
         try:
-            if self._watermarks[id(processor)].due(watermark):
-                out.extend(processor.on_watermark(self._watermarks[id(processor)].event_time))
+            cadence = self._watermarks[id(processor)]
+            newest: dict[int, float] = {}
+            for record, message in batch:
+                newest[message.partition] = max(newest.get(message.partition, record.emitted_at), record.emitted_at)
+            for partition, event_time in newest.items():
+                cadence.note(event_time, (topic, partition))
+            if cadence.due():
+                out.extend(processor.on_watermark(cadence.event_time))
         except Exception:
             log.exception("processor %s failed in on_watermark", processor.name)
         if state is not None:

@@ -307,6 +307,7 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
         while not stop():
             messages = consumer.consume(batch_size, timeout=0.2)
             by_type: dict[type, list[Any]] = defaultdict(list)
+            newest: dict[type, dict[tuple[str, int], float]] = defaultdict(dict)  # per partition, as the worker
             for message in messages:
                 if message.error():
                     continue
@@ -317,12 +318,15 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
                     continue  # the worker would publish a dead letter; the fleet sends none
                 if isinstance(record, TOPIC_BY_NAME[name].record_type):
                     by_type[type(record)].append(record)
+                    source, seen = (name, message.partition()), newest[type(record)]
+                    seen[source] = max(seen.get(source, record.emitted_at), record.emitted_at)
             outputs: list[Any] = []
             for record_type, records in by_type.items():
-                watermark = max(r.emitted_at for r in records)
                 for processor in routes[record_type]:
                     outputs.extend(processor.process_batch(records))
-                    if cadence[id(processor)].due(watermark):
+                    for source, event_time in newest[record_type].items():
+                        cadence[id(processor)].note(event_time, source)
+                    if cadence[id(processor)].due():
                         outputs.extend(processor.on_watermark(cadence[id(processor)].event_time))
             for record in outputs:
                 while True:

@@ -643,6 +643,13 @@ class Settings(BaseSettings):
     streams_commit_interval_s: float = Field(
         1.0, gt=0, description="How often the Faust worker commits offsets (after flushing its outputs)."
     )
+    streams_watermark_idle_s: float = Field(
+        2.0, gt=0,
+        description="Event time in a worker advances with its slowest input partition, so a worker catching up "
+        "on a backlog does not close windows (or expire joins) before the other partitions' events for them "
+        "arrive; a partition silent this many seconds (no traffic, or owned by another worker) stops holding "
+        "it back. Windows close at most this much later after traffic stops on a partition.",
+    )
     streams_health_interval_s: float = Field(
         10.0, gt=0, description="How often each worker publishes Health records (consumer lag, last commit age)."
     )

@@ -85,6 +85,49 @@ def test_watermark_cadence_keeps_the_highest_event_time_between_calls() -> None:
     assert cadence.due(11.5) and cadence.event_time == 12.0
 
 
+def test_a_partition_behind_the_others_holds_the_watermark_back() -> None:
+    """Catching up, one partition's chunk is read ahead of another's: the watermark waits for the
+    slower one, so its events are not late to windows the faster one would have closed."""
+    clock = Clock()
+    cadence = WatermarkCadence(0.25, clock, idle_s=2.0)
+    assert cadence.due(100.0, ("audit", 0)) and cadence.event_time == 100.0
+    clock.now += 0.3
+    cadence.note(400.0, ("audit", 0))  # partition 0 is five minutes of event time ahead
+    assert cadence.due(160.0, ("audit", 1)) and cadence.event_time == 160.0
+    clock.now += 0.3
+    assert cadence.due(390.0, ("audit", 1)) and cadence.event_time == 390.0
+
+
+def test_the_first_event_waits_for_the_other_partitions_until_they_are_heard_or_idle() -> None:
+    """A worker catching up gets one partition's first chunk (minutes of event time) before the others'."""
+    clock = Clock()
+    cadence = WatermarkCadence(0.25, clock, idle_s=2.0, sources=[("audit", p) for p in range(3)])
+    assert not cadence.due(400.0, ("audit", 0))  # partitions 1 and 2 not heard from yet
+    clock.now += 0.5
+    assert not cadence.due(120.0, ("audit", 1))
+    clock.now += 0.5
+    assert cadence.due(100.0, ("audit", 2)) and cadence.event_time == 100.0
+    other = WatermarkCadence(0.25, clock, idle_s=2.0, sources=[("audit", p) for p in range(3)])
+    assert not other.due(400.0, ("audit", 0))
+    clock.now += 2.5  # partitions 1 and 2 belong to another worker: never heard from
+    assert other.due(410.0, ("audit", 0)) and other.event_time == 410.0
+
+
+def test_an_idle_partition_stops_holding_the_watermark_back_and_it_never_goes_back() -> None:
+    clock = Clock()
+    cadence = WatermarkCadence(0.25, clock, idle_s=2.0)
+    cadence.note(50.0, ("feedback", 3))  # a sparse topic: one record, then silence
+    assert cadence.due(60.0, ("audit", 0)) and cadence.event_time == 50.0
+    clock.now += 1.0
+    assert cadence.due(70.0, ("audit", 0)) and cadence.event_time == 50.0  # still heard from lately
+    clock.now += 1.5
+    assert cadence.due(80.0, ("audit", 0)) and cadence.event_time == 80.0  # silent for 2.5 s: idle
+    clock.now += 0.5
+    assert cadence.due(55.0, ("feedback", 3)) and cadence.event_time == 80.0  # back, but never backwards
+    clock.now += 5.0  # everything idle: the newest event time anywhere
+    assert cadence.due() and cadence.event_time == 80.0
+
+
 class Store(dict):  # type: ignore[type-arg]
     def apply_changelog_batch(self, batch: list[tuple[bytes, bytes]]) -> None:
         self.update(batch)
