@@ -102,6 +102,7 @@ from entroloop.infra.metrics import (
     EVENTS_IN,
     EVENTS_OUT,
     LAST_COMMIT,
+    LATE_EVENTS,
     TABLE_ENTRIES,
     TABLE_EVICTED,
 )
@@ -336,6 +337,7 @@ class StreamsApp:
         }
         self.table_states: dict[int, TableState[Any]] = {}
         self._evicted_counted: dict[int, int] = {}  # per processor: evictions already added to TABLE_EVICTED
+        self._late_counted: dict[int, int] = {}  # per processor: late events already added to LATE_EVENTS
         self._watermarks = {
             id(p): WatermarkCadence(config.watermark_interval_s, idle_s=config.watermark_idle_s, sources=[
                 (TOPIC_BY_TYPE[t].name, partition) for t in p.inputs for partition in range(config.partitions)])
@@ -612,8 +614,8 @@ class StreamsApp:
 
     # --- health --------------------------------------------------------------------------------
     def health_records(self) -> list[Health]:
-        """Consumer lag per assigned partition, the age of the last commit and the keys held per
-        durable state table, as Health records."""
+        """Consumer lag per assigned partition, the age of the last commit, the keys held per
+        durable state table and the late events each windowed processor dropped, as Health records."""
         consumer = self.app.consumer
         now = time.time()
         commit_age = self.commits.age(consumer, self._guarded_topics)
@@ -629,6 +631,13 @@ class StreamsApp:
             )
         ]
         for processor in self.processors:
+            late = getattr(processor, "late_events", None)  # windowed processors: events their closed windows refused
+            if late is not None:
+                LATE_EVENTS.labels("worker", processor.name).inc(late - self._late_counted.get(id(processor), 0))
+                self._late_counted[id(processor)] = late
+                records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
+                                      metric="late_events", value=float(late),
+                                      labels={"app": self.app.conf.id, "processor": processor.name}))
             state = self.table_states.get(id(processor))
             if state is None:
                 continue

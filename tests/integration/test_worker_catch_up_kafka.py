@@ -53,6 +53,13 @@ def _windows(records: list[Event]) -> dict[str, tuple[str, str]]:
             if isinstance(h, Health) and h.metric == "fallback_rate_1m" and h.labels.get("tier") == "*"}
 
 
+def _late(records: list[Event]) -> float | None:
+    """The fallback-rate processor's late events in the newest Health record that reports them."""
+    reports = [h.value for h in records if isinstance(h, Health) and h.metric == "late_events"
+               and h.labels.get("processor") == FallbackRateMonitor.name]
+    return reports[-1] if reports else None
+
+
 def test_a_worker_behind_a_backlog_closes_windows_with_every_partitions_events(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
@@ -64,7 +71,8 @@ def test_a_worker_behind_a_backlog_closes_windows_with_every_partitions_events(
     reference = _windows(monitor.process_batch(backlog) + monitor.on_watermark(start + 3600))
     publish(kafka_bootstrap, topic_prefix, backlog)
     health = TopicReader(kafka_bootstrap, topic_prefix + Health.topic)
-    worker, _ = start_worker(kafka_bootstrap, topic_prefix, tmp_path)
+    worker, _ = start_worker(kafka_bootstrap, topic_prefix, tmp_path,
+                             extra_env={"ENTROLOOP_STREAMS_HEALTH_INTERVAL_S": "0.5"})
     try:
         deadline = time.monotonic() + 120
         while committed_total(kafka_bootstrap, topic_prefix + APP_ID, topic_prefix + Audit.topic,
@@ -79,9 +87,12 @@ def test_a_worker_behind_a_backlog_closes_windows_with_every_partitions_events(
         publish(kafka_bootstrap, topic_prefix, [tick])
         health.read_until(lambda records: set(reference) <= set(_windows(records)), timeout=30)
         got = _windows(health.records)
+        health.read_until(lambda records: _late(records) is not None, timeout=10)
+        late = _late(health.records)
     finally:
         health.close()
         worker.kill()
     assert len(reference) >= 10, reference
     wrong = {w: (got.get(w), reference[w]) for w in sorted(reference) if got.get(w) != reference[w]}
     assert not wrong, f"windows (requests, fallbacks) worker vs in-process: {wrong}\n{worker.log_tail()}"
+    assert late == 0, f"the fallback-rate processor dropped {late} events as late"
