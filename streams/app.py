@@ -181,30 +181,36 @@ class WatermarkCadence:
     partition's events, which came late to windows that had closed (dropped, counted as late) and
     to joins that had expired them. A partition silent for ``idle_s`` (no traffic, or revoked) stops
     holding the others back, as in Flink's idleness. ``source`` is the ``(topic, partition)`` the
-    event times came from; one caller without partitions passes none. ``sources``: the partitions
-    to wait for once the first event arrives (a catching-up worker gets one partition's first chunk
-    before the others'), each until it is heard from or has been silent for ``idle_s``; a partition
-    another worker owns is never heard from and stops counting then.
+    event times came from; one caller without partitions passes none. ``expect``: partitions known
+    to hold records not yet read (a catching-up worker gets one partition's first chunk before the
+    others'), waited for from then on until heard from or silent for ``idle_s``.
 
     Calls come at most every ``interval_s`` of wall time: per batch was the rule, but an expiry
     scan (the bad-case join scans its whole table) then runs for every small batch of every input
     topic; windows close at most ``interval_s`` later, which their grace periods (seconds) dwarf."""
 
     def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic,
-                 idle_s: float = 2.0, sources: Iterable[Any] = ()) -> None:
+                 idle_s: float = 2.0) -> None:
         self.interval_s = interval_s
         self.idle_s = idle_s
         self.clock = clock
         self.event_time = float("-inf")
         self._last_call = float("-inf")
-        self._expected = list(sources)
         self._newest: dict[Any, tuple[float, float]] = {}  # source -> (newest event time, wall time heard)
+
+    @property
+    def started(self) -> bool:
+        return bool(self._newest)
+
+    def expect(self, sources: Iterable[Any]) -> None:
+        """Wait for ``sources`` (partitions with records not yet read) not heard from yet."""
+        now = self.clock()
+        for source in sources:
+            self._newest.setdefault(source, (float("-inf"), now))
 
     def note(self, event_time: float, source: Any = None) -> None:
         """Record that ``source`` delivered events up to ``event_time``."""
         now = self.clock()
-        if not self._newest:  # the first event: from now on, wait a while for the other partitions
-            self._newest = {expected: (float("-inf"), now) for expected in self._expected}
         newest, _ = self._newest.get(source, (float("-inf"), now))
         self._newest[source] = (max(newest, event_time), now)
 
@@ -338,11 +344,8 @@ class StreamsApp:
         self.table_states: dict[int, TableState[Any]] = {}
         self._evicted_counted: dict[int, int] = {}  # per processor: evictions already added to TABLE_EVICTED
         self._late_counted: dict[int, int] = {}  # per processor: late events already added to LATE_EVENTS
-        self._watermarks = {
-            id(p): WatermarkCadence(config.watermark_interval_s, idle_s=config.watermark_idle_s, sources=[
-                (TOPIC_BY_TYPE[t].name, partition) for t in p.inputs for partition in range(config.partitions)])
-            for p in self.processors
-        }
+        self._watermarks = {id(p): WatermarkCadence(config.watermark_interval_s, idle_s=config.watermark_idle_s)
+                            for p in self.processors}
         for processor in self.processors:
             spec: TableStateSpec[Any] | None = getattr(processor, "table_state", None)
             if spec is not None:
@@ -484,6 +487,8 @@ class StreamsApp:
             out.extend(self._process_isolating(topic, processor, batch, records))
         try:
             cadence = self._watermarks[id(processor)]
+            if not cadence.started:  # its first events: wait for the partitions that have records to read
+                cadence.expect(self._partitions_behind({TOPIC_BY_TYPE[t].name for t in processor.inputs}))
             newest: dict[int, float] = {}
             for record, message in batch:
                 newest[message.partition] = max(newest.get(message.partition, record.emitted_at), record.emitted_at)
@@ -613,6 +618,28 @@ class StreamsApp:
         return dead_letter_at(topic, partition, offset, key=key, payload=value, error=err, node_id=self.config.node_id)
 
     # --- health --------------------------------------------------------------------------------
+    def _partitions_behind(self, topics: set[str]) -> list[tuple[str, int]]:
+        """The assigned partitions of ``topics`` whose end offset is past the committed one (records
+        not processed yet); a partition not fetched yet counts as not behind."""
+        prefix, behind = self.config.topic_prefix, []
+        for tp in list(self.app.consumer.assignment()):
+            name = tp.topic.removeprefix(prefix)
+            if name not in topics:
+                continue
+            offsets = self._end_and_committed(tp)
+            if offsets and offsets[0] and offsets[0] > offsets[1]:
+                behind.append((name, tp.partition))
+        return behind
+
+    def _end_and_committed(self, tp: Any) -> tuple[int | None, int] | None:
+        """``tp``'s end offset (None: unknown) and committed offset; None before its first fetch."""
+        consumer = self.app.consumer
+        try:
+            highwater = consumer.highwater(tp)
+        except Exception:  # noqa: BLE001 - not fetched yet
+            return None
+        return highwater, self.commits.committed.get(tp) or consumer._committed_offset.get(tp) or 0
+
     def health_records(self) -> list[Health]:
         """Consumer lag per assigned partition, the age of the last commit, the keys held per
         durable state table and the late events each windowed processor dropped, as Health records."""
@@ -657,11 +684,10 @@ class StreamsApp:
         for tp in sorted(consumer.assignment(), key=lambda t: (t.topic, t.partition)):
             if tp.topic.removeprefix(prefix) not in self.input_topics:
                 continue  # Faust's own internal topics
-            try:
-                highwater = consumer.highwater(tp)
-            except Exception:  # noqa: BLE001 - not fetched yet
+            offsets = self._end_and_committed(tp)
+            if offsets is None:
                 continue
-            committed = self.commits.committed.get(tp) or consumer._committed_offset.get(tp) or 0
+            highwater, committed = offsets
             CONSUMER_LAG.labels("worker", tp.topic.removeprefix(prefix), str(tp.partition)).set(
                 max(0, (highwater or 0) - committed))
             records.append(

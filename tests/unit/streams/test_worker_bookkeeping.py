@@ -98,18 +98,20 @@ def test_a_partition_behind_the_others_holds_the_watermark_back() -> None:
     assert cadence.due(390.0, ("audit", 1)) and cadence.event_time == 390.0
 
 
-def test_the_first_event_waits_for_the_other_partitions_until_they_are_heard_or_idle() -> None:
+def test_partitions_with_records_to_read_are_waited_for_until_heard_or_idle() -> None:
     """A worker catching up gets one partition's first chunk (minutes of event time) before the others'."""
     clock = Clock()
-    cadence = WatermarkCadence(0.25, clock, idle_s=2.0, sources=[("audit", p) for p in range(3)])
+    cadence = WatermarkCadence(0.25, clock, idle_s=2.0)
+    cadence.expect([("audit", p) for p in range(3)])  # all three have records to read
     assert not cadence.due(400.0, ("audit", 0))  # partitions 1 and 2 not heard from yet
     clock.now += 0.5
     assert not cadence.due(120.0, ("audit", 1))
     clock.now += 0.5
     assert cadence.due(100.0, ("audit", 2)) and cadence.event_time == 100.0
-    other = WatermarkCadence(0.25, clock, idle_s=2.0, sources=[("audit", p) for p in range(3)])
+    other = WatermarkCadence(0.25, clock, idle_s=2.0)
+    other.expect([("audit", p) for p in range(3)])
     assert not other.due(400.0, ("audit", 0))
-    clock.now += 2.5  # partitions 1 and 2 belong to another worker: never heard from
+    clock.now += 2.5  # partitions 1 and 2 were revoked before they delivered: silent, so idle
     assert other.due(410.0, ("audit", 0)) and other.event_time == 410.0
 
 
