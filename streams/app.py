@@ -187,7 +187,15 @@ class WatermarkCadence:
 
     Calls come at most every ``interval_s`` of wall time: per batch was the rule, but an expiry
     scan (the bad-case join scans its whole table) then runs for every small batch of every input
-    topic; windows close at most ``interval_s`` later, which their grace periods (seconds) dwarf."""
+    topic; windows close at most ``interval_s`` later, which their grace periods (seconds) dwarf.
+
+    When the traffic stops, no later event comes to close the last windows: their alerts waited
+    for the next request, minutes on a quiet deployment. So when every partition has been silent
+    for ``idle_s`` and the caller has checked with the broker that nothing is left to read
+    (``due(caught_up=True)``), event time is taken to pass with wall time from the newest event
+    heard, less ``idle_s``. Durations on this worker's clock, never its time of day, so a serving
+    node's clock skew does not move it; a worker that cannot read (broker down, stuck) is not
+    caught up, so records buffered meanwhile are not made late."""
 
     def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic,
                  idle_s: float = 2.0) -> None:
@@ -214,16 +222,27 @@ class WatermarkCadence:
         newest, _ = self._newest.get(source, (float("-inf"), now))
         self._newest[source] = (max(newest, event_time), now)
 
-    def due(self, event_time: float | None = None, source: Any = None) -> bool:
+    def idle(self) -> bool:
+        """True when events came once and every source has been silent for ``idle_s`` since."""
+        now = self.clock()
+        return self.started and all(now - heard > self.idle_s for _, heard in self._newest.values())
+
+    def due(self, event_time: float | None = None, source: Any = None, caught_up: bool = False) -> bool:
         """Record ``event_time`` from ``source`` (if given); True when ``on_watermark(self.event_time)``
-        should run now."""
+        should run now. ``caught_up``: the caller checked that no record is left to read."""
         if event_time is not None:
             self.note(event_time, source)
         now = self.clock()
         if not self._newest or now - self._last_call < self.interval_s:
             return False
         active = [t for t, heard in self._newest.values() if now - heard <= self.idle_s]
-        candidate = max(self.event_time, min(active) if active else max(t for t, _ in self._newest.values()))
+        if active:
+            newest = min(active)
+        elif caught_up:  # the traffic stopped: event time goes on with wall time (see the class doc)
+            newest = max(t + (now - heard) - self.idle_s for t, heard in self._newest.values())
+        else:
+            newest = max(t for t, _ in self._newest.values())
+        candidate = max(self.event_time, newest)
         if candidate == float("-inf"):  # still waiting to hear from every partition
             return False
         self._last_call, self.event_time = now, candidate
@@ -342,8 +361,7 @@ class StreamsApp:
             for p in self.processors
         }
         self.table_states: dict[int, TableState[Any]] = {}
-        self._evicted_counted: dict[int, int] = {}  # per processor: evictions already added to TABLE_EVICTED
-        self._late_counted: dict[int, int] = {}  # per processor: late events already added to LATE_EVENTS
+        self._counted: dict[tuple[str, int], int] = {}  # (metric, processor): its running total already counted
         self._watermarks = {id(p): WatermarkCadence(config.watermark_interval_s, idle_s=config.watermark_idle_s)
                             for p in self.processors}
         for processor in self.processors:
@@ -359,6 +377,7 @@ class StreamsApp:
                 processor.state = state  # type: ignore[attr-defined]
                 self.table_states[id(processor)] = state
         self._faust_topics: dict[str, Any] = {}  # prefixed name -> Faust topic (the agents read them)
+        self._executors: dict[int, concurrent.futures.Executor] = {}  # blocking processor -> its agent's thread
         self._routes: dict[type[Event], list[Processor]] = defaultdict(list)
         for processor in self.processors:
             for record_type in processor.inputs:
@@ -380,6 +399,7 @@ class StreamsApp:
         self.app.timer(REDELIVER_AFTER_S / 2)(seek_back_stalled_partitions)
         install_eager_drain(self.app.consumer)  # no four tasks per fetched record (entroloop.streams.faust_drain)
         self.app.timer(config.health_interval_s)(self._publish_health)
+        self.app.timer(config.watermark_idle_s / 2)(self._close_windows_when_idle)
 
     # --- wiring --------------------------------------------------------------------------------
     def _topic(self, name: str) -> Any:
@@ -401,6 +421,8 @@ class StreamsApp:
             max_workers=self.config.concurrency, thread_name_prefix=f"proc-{topic_name}"
         )
         config = self.config
+        for processor in threaded:  # the timer that closes idle windows runs them on this thread too
+            self._executors.setdefault(id(processor), executor)
 
         async def handle_batch(events: list[Any]) -> None:
             records, dead = self._decode_batch(topic_name, record_type, events)
@@ -461,13 +483,18 @@ class StreamsApp:
         if not batch:
             return out
         records = [record for record, _ in batch]
+        newest: dict[tuple[str, int], float] = {}  # per partition: the watermark's sources
+        for record, message in batch:
+            source = (topic, message.partition)
+            newest[source] = max(newest.get(source, record.emitted_at), record.emitted_at)
         for processor in processors:
             with self._locks[id(processor)]:
-                out.extend(self._run_processor(topic, processor, batch, records))
+                out.extend(self._run_processor(topic, processor, batch, records, newest))
         return out
 
     def _run_processor(
-        self, topic: str, processor: Processor, batch: list[tuple[Event, Any]], records: list[Event]
+        self, topic: str, processor: Processor, batch: list[tuple[Event, Any]], records: list[Event],
+        newest: dict[tuple[str, int], float],
     ) -> list[Event]:
         out: list[Event] = []
         state = self.table_states.get(id(processor))
@@ -485,22 +512,70 @@ class StreamsApp:
                 state.partition = None
         else:
             out.extend(self._process_isolating(topic, processor, batch, records))
-        try:
-            cadence = self._watermarks[id(processor)]
-            if not cadence.started:  # its first events: wait for the partitions that have records to read
-                cadence.expect(self._partitions_behind({TOPIC_BY_TYPE[t].name for t in processor.inputs}))
-            newest: dict[int, float] = {}
-            for record, message in batch:
-                newest[message.partition] = max(newest.get(message.partition, record.emitted_at), record.emitted_at)
-            for partition, event_time in newest.items():
-                cadence.note(event_time, (topic, partition))
-            if cadence.due():
-                out.extend(processor.on_watermark(cadence.event_time))
-        except Exception:
-            log.exception("processor %s failed in on_watermark", processor.name)
+        cadence = self._watermarks[id(processor)]
+        if not cadence.started:  # its first events: wait for the partitions that have records to read
+            cadence.expect(self._partitions_behind(self._input_names(processor)))
+        for source, event_time in newest.items():
+            cadence.note(event_time, source)
+        out.extend(self._watermark_outputs(processor))
         if state is not None:
             state.seal()  # each key written by the batch encoded once, under the processor's lock
         return out
+
+    def _watermark_outputs(self, processor: Processor, caught_up: bool = False) -> list[Event]:
+        """``processor.on_watermark`` when its cadence says so; a failure is logged, never raised
+        (the batch's records were processed and must be acknowledged)."""
+        cadence = self._watermarks[id(processor)]
+        try:
+            if cadence.due(caught_up=caught_up):
+                return list(processor.on_watermark(cadence.event_time))
+        except Exception:
+            log.exception("processor %s failed in on_watermark", processor.name)
+        return []
+
+    def _input_names(self, processor: Processor) -> set[str]:
+        return {TOPIC_BY_TYPE[t].name for t in processor.inputs}
+
+    # --- when the traffic stops ----------------------------------------------------------------
+    async def _close_windows_when_idle(self) -> None:
+        """Timer: the watermark of processors whose inputs went silent moves on with wall time once
+        the broker confirms that every record of their input partitions was processed and committed
+        (``WatermarkCadence``), so the last windows close and their alerts go out without waiting
+        for the next request. Run where the processor's batches run: on the loop, or for a blocking
+        one in its agent's thread."""
+        idle = [p for p in self.processors if self._watermarks[id(p)].idle()]
+        if not idle or not await self._caught_up(set().union(*(self._input_names(p) for p in idle))):
+            return
+        loop = asyncio.get_running_loop()
+        for processor in idle:
+            def close(processor: Processor = processor) -> list[Event]:
+                with self._locks[id(processor)]:
+                    out = self._watermark_outputs(processor, caught_up=True)
+                    if (state := self.table_states.get(id(processor))) is not None:
+                        state.seal()
+                    return out
+
+            executor = self._executors.get(id(processor))
+            outputs = await loop.run_in_executor(executor, close) if executor else close()
+            if (state := self.table_states.get(id(processor))) is not None:
+                await self._send_changelog(state)
+            await self._send_all(outputs)
+
+    async def _caught_up(self, topics: set[str]) -> bool:
+        """True when the broker answers and no assigned partition of ``topics`` has a record past
+        the committed offset. Not caught up when the broker cannot say (an outage: the serving
+        nodes' buffered records are still to come) or nothing is assigned (a rebalance)."""
+        consumer, prefix = self.app.consumer, self.config.topic_prefix
+        assigned = [tp for tp in list(consumer.assignment()) if tp.topic.removeprefix(prefix) in topics]
+        if not assigned:
+            return False
+        try:
+            ends = await consumer.highwaters(*assigned)
+        except Exception as exc:  # noqa: BLE001 - the broker did not answer: not known to be caught up
+            log.debug("idle watermark: end offsets not read: %r", exc)
+            return False
+        return all(end <= (self.commits.committed.get(tp) or consumer._committed_offset.get(tp) or 0)
+                   for tp, end in ends.items())
 
     def _process_isolating(
         self, topic: str, processor: Processor, batch: list[tuple[Event, Any]], records: list[Event]
@@ -631,6 +706,11 @@ class StreamsApp:
                 behind.append((name, tp.partition))
         return behind
 
+    def _count_new(self, counter: Any, key: tuple[str, int], total: int) -> None:
+        """Add to a Prometheus counter what a processor's running ``total`` gained since the last call."""
+        counter.inc(total - self._counted.get(key, 0))
+        self._counted[key] = total
+
     def _end_and_committed(self, tp: Any) -> tuple[int | None, int] | None:
         """``tp``'s end offset (None: unknown) and committed offset; None before its first fetch."""
         consumer = self.app.consumer
@@ -660,8 +740,7 @@ class StreamsApp:
         for processor in self.processors:
             late = getattr(processor, "late_events", None)  # windowed processors: events their closed windows refused
             if late is not None:
-                LATE_EVENTS.labels("worker", processor.name).inc(late - self._late_counted.get(id(processor), 0))
-                self._late_counted[id(processor)] = late
+                self._count_new(LATE_EVENTS.labels("worker", processor.name), ("late", id(processor)), late)
                 records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
                                       metric="late_events", value=float(late),
                                       labels={"app": self.app.conf.id, "processor": processor.name}))
@@ -675,8 +754,7 @@ class StreamsApp:
                                   labels={"app": self.app.conf.id, "table": state.spec.name}))
             evicted = getattr(processor, "evicted", None)  # keys dropped to keep the table under its bound
             if evicted is not None:
-                TABLE_EVICTED.labels("worker", state.spec.name).inc(evicted - self._evicted_counted.get(id(processor), 0))
-                self._evicted_counted[id(processor)] = evicted
+                self._count_new(TABLE_EVICTED.labels("worker", state.spec.name), ("evicted", id(processor)), evicted)
                 records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
                                       metric="table_evicted", value=float(evicted),
                                       labels={"app": self.app.conf.id, "table": state.spec.name}))

@@ -648,7 +648,9 @@ class Settings(BaseSettings):
         description="Event time in a worker advances with its slowest input partition, so a worker catching up "
         "on a backlog does not close windows (or expire joins) before the other partitions' events for them "
         "arrive; a partition silent this many seconds (no traffic, or owned by another worker) stops holding "
-        "it back. Windows close at most this much later after traffic stops on a partition.",
+        "it back. When every input partition has been silent this long and the broker confirms everything was "
+        "read, event time goes on with wall time, so the last windows of a burst close (grace period plus this) "
+        "without waiting for the next request.",
     )
     streams_health_interval_s: float = Field(
         10.0, gt=0, description="How often each worker publishes Health records (consumer lag, last commit age)."

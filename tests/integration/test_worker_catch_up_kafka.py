@@ -80,8 +80,9 @@ def test_a_worker_behind_a_backlog_closes_windows_with_every_partitions_events(
             assert worker.poll() is None, f"worker died:\n{worker.log_tail()}"
             assert time.monotonic() < deadline, f"the audits were not all committed:\n{worker.log_tail()}"
             time.sleep(0.5)
-        # Windows close when later events arrive: once every partition has been silent past the
-        # idle time, one audit two minutes after the backlog closes all of its windows.
+        # Once every partition has been silent past the idle time, one audit two minutes after the
+        # backlog closes all of its windows at once (without it they would close as wall time
+        # passes them: test_worker_idle_windows_kafka.py).
         time.sleep(Settings().streams_watermark_idle_s + 0.5)
         tick = _backlog(start + REQUESTS * SPACING_S + 120)[0]
         publish(kafka_bootstrap, topic_prefix, [tick])

@@ -7,7 +7,12 @@ import asyncio
 from collections import namedtuple
 from typing import Any
 
-from entroloop.streams.app import CommitTracker, WatermarkCadence
+from entroloop.streams.app import (
+    CommitTracker,
+    StreamsApp,
+    StreamsConfig,
+    WatermarkCadence,
+)
 from entroloop.streams.table_state import TableState, TableStateSpec
 
 TP = namedtuple("TP", "topic partition")
@@ -128,6 +133,66 @@ def test_an_idle_partition_stops_holding_the_watermark_back_and_it_never_goes_ba
     assert cadence.due(55.0, ("feedback", 3)) and cadence.event_time == 80.0  # back, but never backwards
     clock.now += 5.0  # everything idle: the newest event time anywhere
     assert cadence.due() and cadence.event_time == 80.0
+
+
+def test_when_the_traffic_stops_event_time_goes_on_with_wall_time_once_caught_up() -> None:
+    """The last window of a burst must close without the next request (which may come minutes
+    later): silent past idle_s and caught up, the watermark moves with this worker's clock."""
+    clock = Clock()
+    cadence = WatermarkCadence(0.25, clock, idle_s=2.0)
+    assert not cadence.idle()  # nothing heard yet: nothing to close
+    cadence.note(80.0, ("fallbacks", 1))
+    assert cadence.due(90.0, ("audit", 0)) and cadence.event_time == 80.0
+    clock.now += 1.0
+    assert not cadence.idle() and cadence.due(caught_up=True) and cadence.event_time == 80.0  # not silent yet
+    clock.now += 4.0  # the audit partition heard 5 s ago, the fallbacks 5 s ago
+    assert cadence.idle()
+    assert cadence.due() and cadence.event_time == 90.0  # not known to be caught up: the newest event time only
+    clock.now += 1.0
+    assert cadence.due(caught_up=True) and cadence.event_time == 90.0 + 6.0 - 2.0
+    clock.now += 60.0
+    assert cadence.due(caught_up=True) and cadence.event_time == 90.0 + 66.0 - 2.0
+    clock.now += 1.0  # a broker outage: not caught up, so it stays; and never goes back
+    assert cadence.due() and cadence.event_time == 154.0
+    assert cadence.due(100.0, ("audit", 0)) is False  # within interval_s of the last call
+    clock.now += 0.5
+    assert not cadence.idle() and cadence.due(caught_up=True) and cadence.event_time == 154.0
+
+
+class EndOffsets:
+    """What ``StreamsApp._caught_up`` uses of Faust's consumer."""
+
+    def __init__(self, assigned: list[TP], ends: dict[TP, int] | Exception, committed: dict[TP, int]) -> None:
+        self.assigned, self.ends, self._committed_offset = assigned, ends, committed
+
+    def assignment(self) -> set[TP]:
+        return set(self.assigned)
+
+    async def highwaters(self, *tps: TP) -> dict[TP, int]:
+        if isinstance(self.ends, Exception):
+            raise self.ends
+        return {tp: self.ends[tp] for tp in tps}
+
+
+def caught_up(consumer: EndOffsets, topics: set[str]) -> bool:
+    streams = object.__new__(StreamsApp)  # only the attributes _caught_up reads
+    streams.config = StreamsConfig(bootstrap="unused", topic_prefix="p.")
+    streams.commits = CommitTracker()
+    streams.app = type("App", (), {"consumer": consumer})()
+    return asyncio.run(streams._caught_up(topics))
+
+
+def test_idle_windows_close_only_when_the_broker_says_everything_was_read() -> None:
+    """The timer's check before event time may move with the clock (``WatermarkCadence``): a
+    broker outage or a rebalance must not count as the traffic having stopped, or the records the
+    serving nodes buffered meanwhile would come late to windows already closed."""
+    other = TP("p.other", 0)
+    assigned = [IN, TP("p.in", 1), other]
+    committed = {IN: 40, TP("p.in", 1): 7, other: 0}
+    assert caught_up(EndOffsets(assigned, {IN: 40, TP("p.in", 1): 7, other: 99}, committed), {"in"})
+    assert not caught_up(EndOffsets(assigned, {IN: 41, TP("p.in", 1): 7, other: 0}, committed), {"in"})
+    assert not caught_up(EndOffsets(assigned, ConnectionError("broker down"), committed), {"in"})
+    assert not caught_up(EndOffsets([other], {other: 0}, committed), {"in"})  # none assigned: a rebalance
 
 
 class Store(dict):  # type: ignore[type-arg]
