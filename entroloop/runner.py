@@ -134,11 +134,9 @@ class EmbeddedRunner:
         self._max_event_time = 0.0
         # After a crash: the batches journaled but not committed; their replays are checked
         # (``ClickHouseSink.repair_replay``: chDB may have logged a token and lost its part).
-        self._in_doubt = {
-            (t.name, p): (self.offsets.get(t.name, p), self.cuts.last_end(t.name, p))
-            for t in TOPICS for p in range(settings.partitions)
-            if self.cuts.last_end(t.name, p) > self.offsets.get(t.name, p)
-        }
+        saved_and_cut = {(t.name, p): (self.offsets.get(t.name, p), self.cuts.last_end(t.name, p))
+                         for t in TOPICS for p in range(settings.partitions)}
+        self._in_doubt = {source: (saved, cut) for source, (saved, cut) in saved_and_cut.items() if cut > saved}
 
     # --- producing -------------------------------------------------------------------------------
     def publish(self, record: Event) -> bool:
