@@ -516,7 +516,7 @@ class StreamsApp:
         try:  # the batch was processed: nothing here may keep it from being acknowledged
             if not cadence.started:  # its first events: wait for the partitions that have records to read
                 cadence.expect(self._partitions_behind(self._input_names(processor)))
-        except Exception:  # noqa: BLE001 - the consumer cannot say (not started, rebalancing): wait for none
+        except Exception:  # the consumer cannot say (not started, rebalancing): wait for none
             log.warning("processor %s: partitions with records to read unknown", processor.name, exc_info=True)
         for source, event_time in newest.items():
             cadence.note(event_time, source)
