@@ -577,8 +577,7 @@ class StreamsApp:
         except Exception as exc:  # noqa: BLE001 - the broker did not answer: not known to be caught up
             log.debug("idle watermark: end offsets not read: %r", exc)
             return False
-        return all(end <= (self.commits.committed.get(tp) or consumer._committed_offset.get(tp) or 0)
-                   for tp, end in ends.items())
+        return all(end <= self._committed(tp) for tp, end in ends.items())
 
     def _process_isolating(
         self, topic: str, processor: Processor, batch: list[tuple[Event, Any]], records: list[Event]
@@ -721,7 +720,12 @@ class StreamsApp:
             highwater = consumer.highwater(tp)
         except Exception:  # noqa: BLE001 - not fetched yet
             return None
-        return highwater, self.commits.committed.get(tp) or consumer._committed_offset.get(tp) or 0
+        return highwater, self._committed(tp)
+
+    def _committed(self, tp: Any) -> int:
+        """``tp``'s committed offset: the broker's answer to this worker's last commit, else the one
+        Faust read on assignment, else 0."""
+        return self.commits.committed.get(tp) or self.app.consumer._committed_offset.get(tp) or 0
 
     def health_records(self) -> list[Health]:
         """Consumer lag per assigned partition, the age of the last commit, the keys held per
