@@ -5,6 +5,13 @@ the engines never share state and the tap's switch (``ENTROLOOP_ENTROPY_TAP_ENAB
 a fresh engine core. Timing covers ``LLM.generate`` after a warm-up batch, plus — for the common
 practice — the host-side entropy from the returned top-20 logprobs, which is part of its cost.
 
+The engines of a round are all started first and then take turns, one timed pass each (the order
+reversed every other turn), so a plain pass and a tap pass are seconds apart and the ratio is the
+median of those adjacent pairs. Timed one engine process after the other, a minute apart, the
+machine's drift between them was larger than the tap's cost: on 2 shared cores the realistic
+shape's per-round ratios spread 0.78–1.21 around a tap that costs ~1.5 % of a step. An engine
+waiting for its turn is blocked on a pipe (its engine core on its input queue), not polling.
+
 The models have random weights and are built locally (no downloads), in two shapes (``SHAPES``): a
 tiny Llama (2 layers, hidden 256, vocabulary 32,000), where the step is so cheap that the tap's
 fixed per-step cost shows, and Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads,
@@ -12,8 +19,8 @@ intermediate 4864, vocabulary 151,936, bfloat16), where the step costs what a sm
 does; both cached under ~/.cache/entroloop/bench-models by a content key. On a CPU the figures are
 CPU figures; the ≥ 0.99× target is a GPU target.
 
-``run_round`` runs every variant once and ``round_figures`` turns that into ratios and the tap's
-per-step overhead; ``entroloop.benchmarks.collector`` repeats rounds and times the entropy
+``run_round`` runs every variant's passes and ``round_figures`` turns them into ratios and the
+tap's per-step overhead; ``entroloop.benchmarks.collector`` repeats rounds and times the entropy
 reduction alone (on CUDA including the fused Triton kernel).
 """
 
@@ -24,15 +31,17 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TextIO
 
 VARIANTS = ("plain", "tap", "top20")
-PASSES = 2  # timed passes per engine process (the faster one counts)
+PASSES = 4  # timed passes per engine; the engines take turns, pass by pass
 LM_HEAD_GAIN = 15.0  # mean exact entropy of a few nats, as trained chat models show
 MODEL_CACHE = Path.home() / ".cache" / "entroloop" / "bench-models"
 BUILDER_VERSION = 2  # bump when build_model changes what it writes (the cache key includes it)
@@ -174,11 +183,12 @@ def topk_entropy(logprobs: dict) -> float:
     return -sum(math.exp(v) / mass * (v - math.log(mass)) for v in lps)
 
 
-def run_variant(variant: str, model: Path, work: Workload, sink_dir: Path) -> dict:
-    """In this process: one engine, warm-up, then the timed workload ``PASSES`` times. Returns figures.
-
-    The faster pass counts: a neighbour's burst on a shared machine slows one pass, not the code.
-    """
+def serve_variant(variant: str, model: Path, work: Workload, sink_dir: Path, commands: TextIO,
+                  replies: TextIO) -> None:
+    """In this process: one engine and its warm-up, then one timed pass of the workload per ``pass``
+    line read from ``commands``, each answered by a JSON line on ``replies`` (``{"ready": true}`` once
+    warm). A pass's time covers ``LLM.generate`` (and, for top-20, the host entropy); the first pass
+    also returns what the round compares (host entropies, logprob payload)."""
     os.environ["ENTROLOOP_ENTROPY_TAP_ENABLED"] = "true" if variant == "tap" else "false"
     os.environ["ENTROLOOP_ENTROPY_TAP_SINK"] = f"file:{sink_dir}/tokens-{{pid}}.bin"
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -206,10 +216,16 @@ def run_variant(variant: str, model: Path, work: Workload, sink_dir: Path) -> di
             extra_args={"entroloop_request_id": f"bench-{i}"},
         )
 
+    def reply(message: dict) -> None:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
     prompts = _prompts(work)
     llm.generate(prompts[: work.max_num_seqs], [params(-1 - i, 8) for i in range(work.max_num_seqs)], use_tqdm=False)
-    passes: list[float] = []
-    for n in range(PASSES):
+    reply({"ready": True})
+    for n, command in enumerate(commands):
+        if command.strip() != "pass":
+            break
         # Request ids of later passes start with "bench--" like the warm-up's, so only the first
         # pass's records are compared with the top-20 practice.
         first = n * work.requests
@@ -222,17 +238,11 @@ def run_variant(variant: str, model: Path, work: Workload, sink_dir: Path) -> di
         if variant == "top20":
             for i, out in enumerate(outputs):
                 host_entropies[f"bench-{i}"] = [topk_entropy(step) for step in out.outputs[0].logprobs]
-        passes.append(time.perf_counter() - start)
-        if n == 0:
-            first_outputs, first_entropies = outputs, host_entropies
-    elapsed = min(passes)
-    tokens = sum(len(out.outputs[0].token_ids) for out in first_outputs)
-    result = {"variant": variant, "tokens": tokens, "seconds": elapsed, "passes": passes,
-              "tokens_per_s": tokens / elapsed, "step_us": elapsed / work.steps * 1e6}
-    if variant == "top20":
-        result["host_entropies"] = first_entropies
-        result["logprob_bytes_per_request"] = _logprob_payload_bytes(first_outputs)
-    return result
+        answer: dict = {"seconds": time.perf_counter() - start,
+                        "tokens": sum(len(out.outputs[0].token_ids) for out in outputs)}
+        if n == 0 and variant == "top20":
+            answer |= {"host_entropies": host_entropies, "logprob_bytes_per_request": _logprob_payload_bytes(outputs)}
+        reply(answer)
 
 
 def _logprob_payload_bytes(outputs) -> float:
@@ -244,37 +254,110 @@ def _logprob_payload_bytes(outputs) -> float:
     return total / max(1, len(outputs))
 
 
+class _EngineProcess:
+    """One variant's engine in its own process (``serve_variant``), driven pass by pass."""
+
+    def __init__(self, variant: str, work: Workload, model: Path, run_dir: Path, python: str) -> None:
+        self.variant, self.run_dir = variant, run_dir
+        self.sink_dir = run_dir / "sink"
+        self.sink_dir.mkdir()
+        self.log_path = run_dir / "engine.log"
+        read_end, write_end = os.pipe()  # replies: vLLM logs to stdout, so not there
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [python, "-m", "entroloop.collectors.vllm.bench", variant, str(model), str(self.sink_dir),
+                 json.dumps(asdict(work)), str(write_end)],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_end,), text=True,
+            )
+        os.close(write_end)  # ours: the child's exit must end our reads
+        self.replies = os.fdopen(read_end, "r")
+        self.passes: list[dict] = []
+        try:
+            self._read()  # {"ready": true}: the engine is built and warm
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read(self) -> dict:
+        line = self.replies.readline()
+        if not line:
+            self.proc.wait(60)
+            tail = self.log_path.read_text(errors="replace")[-4000:]
+            raise RuntimeError(f"bench variant {self.variant} failed (exit {self.proc.returncode}):\n{tail}")
+        return json.loads(line)
+
+    def timed_pass(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("pass\n")
+        self.proc.stdin.flush()
+        self.passes.append(self._read())
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()  # end of commands: the engine process exits
+            except BrokenPipeError:
+                pass
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.replies.close()
+
+    def result(self, steps: int) -> dict:
+        seconds = [p["seconds"] for p in self.passes]
+        tokens = self.passes[0]["tokens"]
+        fastest = min(seconds)
+        result = {"variant": self.variant, "tokens": tokens, "seconds": fastest, "passes": seconds,
+                  "tokens_per_s": tokens / fastest, "step_us": fastest / steps * 1e6}
+        for key in ("host_entropies", "logprob_bytes_per_request"):
+            if key in self.passes[0]:
+                result[key] = self.passes[0][key]
+        return result
+
+
 def run_round(work: Workload, model: Path, scratch: Path, python: str = sys.executable,
               order: tuple[str, ...] | None = None) -> dict:
-    """One round: each of ``work.variants`` in a fresh process, one after the other; their figures."""
+    """One round: an engine process per variant of ``work.variants``, started one after the
+    other, then ``PASSES`` turns in which each runs one timed pass (the order reversed every other
+    turn); their figures, each pass's time included."""
     from entroloop.collectors.vllm.emit import read_frames
 
+    order = tuple(order or work.variants)
+    engines: dict[str, _EngineProcess] = {}
+    try:
+        for variant in order:
+            engines[variant] = _EngineProcess(variant, work, model, Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=scratch)),
+                                              python)
+        for turn in range(PASSES):
+            for variant in (order if turn % 2 == 0 else tuple(reversed(order))):
+                engines[variant].timed_pass()
+    finally:
+        for engine in engines.values():
+            engine.stop()
     results = {}
-    for variant in order or work.variants:
-        run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=scratch))
-        sink_dir = run_dir / "sink"
-        sink_dir.mkdir()
-        result_path = run_dir / "result.json"
-        proc = subprocess.run(
-            [python, "-m", "entroloop.collectors.vllm.bench", variant, str(model), str(sink_dir), json.dumps(asdict(work)),
-             str(result_path)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"bench variant {variant} ({work.shape}) failed:\n{proc.stderr[-4000:]}")
-        results[variant] = json.loads(result_path.read_text())
+    for variant, engine in engines.items():
+        results[variant] = engine.result(work.steps)
         if variant == "tap":
-            records = [r for p in sorted(sink_dir.glob("tokens-*.bin")) for r in read_frames(p)]
+            records = [r for p in sorted(engine.sink_dir.glob("tokens-*.bin")) for r in read_frames(p)]
             results[variant]["exact"] = {
                 r.request_id: r.values().astype(float).tolist()
                 for r in records
                 if r.request_id.startswith("bench-") and not r.request_id.startswith("bench--")
             }
             results[variant]["records"] = len(records)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(engine.run_dir, ignore_errors=True)
     return results
+
+
+def paired(plain: dict, other: dict, steps: int) -> tuple[float, float]:
+    """(other's tokens/s over plain's, other's extra µs per step): medians over the turns, each turn
+    comparing two passes run seconds apart."""
+    pairs = list(zip(plain["passes"], other["passes"], strict=True))
+    ratio = statistics.median((other["tokens"] / o) / (plain["tokens"] / p) for p, o in pairs)
+    overhead = statistics.median((o - p) / steps * 1e6 for p, o in pairs)
+    return ratio, overhead
 
 
 def round_figures(work: Workload, results: dict) -> tuple[dict[str, float], dict]:
@@ -284,10 +367,11 @@ def round_figures(work: Workload, results: dict) -> tuple[dict[str, float], dict
     details: dict = {}
     if "tap" in results:
         tap = results["tap"]
+        tap_ratio, tap_overhead = paired(plain, tap, work.steps)
         numbers |= {
             "tap_tokens_per_s": tap["tokens_per_s"],
-            "tap_ratio": tap["tokens_per_s"] / plain["tokens_per_s"],
-            "tap_overhead_us_per_step": tap["step_us"] - plain["step_us"],
+            "tap_ratio": tap_ratio,
+            "tap_overhead_us_per_step": tap_overhead,
         }
         details["tap_requests_shipped"] = len(tap["exact"])
         all_exact = [v for values in tap["exact"].values() for v in values]
@@ -295,7 +379,7 @@ def round_figures(work: Workload, results: dict) -> tuple[dict[str, float], dict
     if "top20" in results:
         top20 = results["top20"]
         numbers |= {"top20_tokens_per_s": top20["tokens_per_s"],
-                    "top20_ratio": top20["tokens_per_s"] / plain["tokens_per_s"]}
+                    "top20_ratio": paired(plain, top20, work.steps)[0]}
         details["top20_logprob_bytes_per_request"] = top20["logprob_bytes_per_request"]
         if "tap" in results:
             exact, approx = results["tap"]["exact"], top20["host_entropies"]
@@ -306,7 +390,8 @@ def round_figures(work: Workload, results: dict) -> tuple[dict[str, float], dict
 
 
 if __name__ == "__main__":
-    # vLLM logs to stdout, so the figures go to a file named by the parent.
-    variant_name, model_dir, sink, work_json, result_file = sys.argv[1:6]
-    figures = run_variant(variant_name, Path(model_dir), Workload(**json.loads(work_json)), Path(sink))
-    Path(result_file).write_text(json.dumps(figures))
+    # vLLM logs to stdout, so the replies go to a pipe the parent passed (its descriptor number).
+    variant_name, model_dir, sink, work_json, reply_fd = sys.argv[1:6]
+    with os.fdopen(int(reply_fd), "w") as reply_pipe:
+        serve_variant(variant_name, Path(model_dir), Workload(**json.loads(work_json)), Path(sink), sys.stdin,
+                      reply_pipe)

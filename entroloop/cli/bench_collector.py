@@ -119,8 +119,8 @@ def _write_report(results: dict, out: Path) -> None:
         rep = result["repeated"]
         shape = (f"{name}: random {w['architecture']}, hidden {w['hidden']}, {w['layers']} layers, vocab {w['vocab']:,}, "
                  f"{w['dtype']}; {w['requests']} requests x {w['max_tokens']} tokens, batch {w['max_num_seqs']} "
-                 f"= {result['steps']} engine steps; each variant in its own engine process, the faster of "
-                 f"{bench_passes()} timed passes")
+                 f"= {result['steps']} engine steps; each variant in its own engine process, all started first, then "
+                 f"{bench_passes()} turns of one timed pass each (tokens/s: the fastest pass)")
         realistic = name == REALISTIC
         rows.append(figure(section, f"{name}: plain engine, generation tokens/s", rep["plain_tokens_per_s"], "tokens/s",
                            note=f"vLLM CPU build; {shape}"))
@@ -130,13 +130,13 @@ def _write_report(results: dict, out: Path) -> None:
             target, met = (f">= {TAP_TARGET_RATIO_CPU_REALISTIC} (CPU)", ratio >= TAP_TARGET_RATIO_CPU_REALISTIC) \
                 if realistic else (f">= {TAP_TARGET_RATIO} (GPU target; this is a CPU figure)", None)
             rows.append(figure(section, f"{name}: entropy tap / plain", rep["tap_ratio"], "×", target=target, met=met,
-                               baseline="ratio taken per round (plain and tap in the same round)",
+                               baseline="per round, the median over its turns of tap / plain in the same turn (passes seconds apart)",
                                note=_noise_note(rep["tap_ratio"])))
             rows.append(figure(section, f"{name}: entropy tap overhead per engine step", rep["tap_overhead_us_per_step"],
-                               "µs", note="(tap step - plain step) per round; CPU"))
+                               "µs", note="(tap pass - plain pass) / steps, median over a round's turns; CPU"))
         if "top20_ratio" in rep:
             rows.append(figure(section, f"{name}: top-20 logprobs + host entropy / plain", rep["top20_ratio"], "×",
-                               baseline="common practice, measured in the same rounds"))
+                               baseline="common practice, measured in the same turns"))
         d = result["details"]
         if d.get("top20_entropy_abs_error_mean") is not None:
             rows.append(Figure(section, f"{name}: top-20 entropy mean abs error vs exact", d["top20_entropy_abs_error_mean"],

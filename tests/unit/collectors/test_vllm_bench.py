@@ -85,15 +85,17 @@ def test_a_model_is_built_once_and_never_found_half_written(tmp_path: Path, monk
 
 def test_one_round_gives_ratios_and_the_per_step_overhead() -> None:
     work = replace(bench.SHAPES["tiny"], requests=8, max_tokens=10)  # 10 steps
-    results = {
-        "plain": {"tokens_per_s": 100.0, "step_us": 80_000.0},
-        "tap": {"tokens_per_s": 98.0, "step_us": 81_632.0, "exact": {"bench-0": [1.0, 3.0], "bench-1": [2.0]}},
-        "top20": {"tokens_per_s": 60.0, "logprob_bytes_per_request": 5000.0,
-                  "host_entropies": {"bench-0": [0.5, 2.0], "bench-1": [2.0]}},
+    results = {  # two turns; tokens/s from the fastest pass, ratios per turn
+        "plain": {"tokens": 80, "passes": [0.8, 0.9], "tokens_per_s": 100.0, "step_us": 80_000.0},
+        "tap": {"tokens": 80, "passes": [0.8 / 0.98, 0.9 / 0.98], "tokens_per_s": 98.0, "step_us": 81_632.0,
+                "exact": {"bench-0": [1.0, 3.0], "bench-1": [2.0]}},
+        "top20": {"tokens": 80, "passes": [0.8 / 0.6, 0.9 / 0.6], "tokens_per_s": 60.0,
+                  "logprob_bytes_per_request": 5000.0, "host_entropies": {"bench-0": [0.5, 2.0], "bench-1": [2.0]}},
     }
     numbers, details = bench.round_figures(work, results)
     assert numbers["tap_ratio"] == pytest.approx(0.98) and numbers["top20_ratio"] == pytest.approx(0.6)
-    assert numbers["tap_overhead_us_per_step"] == pytest.approx(1632.0)
+    # (0.8 / 0.98 - 0.8) and (0.9 / 0.98 - 0.9) s over 10 steps: their median
+    assert numbers["tap_overhead_us_per_step"] == pytest.approx(0.85 * (1 / 0.98 - 1) / 10 * 1e6)
     assert details["top20_entropy_abs_error_mean"] == pytest.approx(0.5)  # (0.5 + 1.0 + 0.0) / 3
     assert details["top20_entropy_abs_error_max"] == pytest.approx(1.0)
     assert details["exact_entropy_mean"] == pytest.approx(2.0) and details["tap_requests_shipped"] == 2
@@ -140,3 +142,65 @@ def test_a_ratio_whose_rounds_disagree_more_than_the_tap_costs_says_so() -> None
 
     assert "re-measure on a quiet machine" in _noise_note(Repeated((0.999, 1.018, 1.135), (10.9,)))
     assert _noise_note(Repeated((0.95, 0.952, 0.955), (0.5,))) == ""  # 5 % cost, 0.5 % spread
+
+
+def test_paired_turns_cancel_a_drift_that_fastest_passes_would_not() -> None:
+    """The machine slows down halfway through the round, for both engines alike: the tap costs 2 %
+    in every turn, and the paired ratio says so; the fastest passes (plain's from the quiet half,
+    the tap's from the busy one) would say 20 %."""
+    steps = 100
+    plain = {"tokens": 1000, "passes": [1.0, 1.5, 1.5, 1.5], "tokens_per_s": 1000 / 1.0, "step_us": 1e4}
+    tap = {"tokens": 1000, "passes": [1.25 * 1.02, 1.5 * 1.02, 1.5 * 1.02, 1.5 * 1.02],
+           "tokens_per_s": 1000 / 1.275, "step_us": 1.275e4}
+    ratio, overhead = bench.paired(plain, tap, steps)
+    assert ratio == pytest.approx(1 / 1.02)
+    assert overhead == pytest.approx(0.03 / steps * 1e6)  # 30 ms per pass over 100 steps: 300 µs
+    assert tap["tokens_per_s"] / plain["tokens_per_s"] == pytest.approx(0.784, abs=1e-3)  # what it replaces
+
+
+FAKE_ENGINE = '''#!{python}
+"""Stands in for `python -m entroloop.collectors.vllm.bench VARIANT MODEL SINK WORK REPLY_FD`."""
+import json, os, sys, time
+variant, reply_fd = sys.argv[3], int(sys.argv[7])
+if variant == "{broken}":
+    print("engine failed to start: out of memory", flush=True)
+    sys.exit(3)
+replies = os.fdopen(reply_fd, "w")
+replies.write(json.dumps({{"ready": True}}) + "\\n"); replies.flush()
+for line in sys.stdin:
+    with open("{turns}", "a") as turns:
+        turns.write(variant + "\\n")
+    replies.write(json.dumps({{"seconds": 0.5 if variant == "plain" else 0.51, "tokens": 80}}) + "\\n")
+    replies.flush()
+'''
+
+
+def _fake_engine(tmp_path: Path, broken: str = "") -> tuple[str, Path]:
+    import sys
+
+    turns = tmp_path / "turns.txt"
+    script = tmp_path / "fake-python"
+    script.write_text(FAKE_ENGINE.format(python=sys.executable, broken=broken, turns=turns))
+    script.chmod(0o755)
+    return str(script), turns
+
+
+def test_a_round_starts_every_engine_then_takes_turns_pass_by_pass(tmp_path: Path, monkeypatch) -> None:
+    python, turns = _fake_engine(tmp_path)
+    monkeypatch.setattr("entroloop.collectors.vllm.emit.read_frames", lambda path: [])
+    work = replace(bench.SHAPES["qwen2.5-0.5b"], requests=8, max_tokens=10)
+    results = bench.run_round(work, tmp_path / "model", tmp_path, python=python)
+    assert turns.read_text().split() == ["plain", "tap", "tap", "plain"] * (bench.PASSES // 2)
+    assert results["plain"]["passes"] == [0.5] * bench.PASSES and results["tap"]["passes"] == [0.51] * bench.PASSES
+    numbers, _ = bench.round_figures(work, results)
+    assert numbers["tap_ratio"] == pytest.approx(0.5 / 0.51)
+    assert numbers["tap_overhead_us_per_step"] == pytest.approx(0.01 / work.steps * 1e6)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(("plain-", "tap-"))]  # run folders removed
+
+
+def test_an_engine_that_dies_fails_the_round_with_its_log(tmp_path: Path) -> None:
+    python, turns = _fake_engine(tmp_path, broken="tap")
+    work = replace(bench.SHAPES["qwen2.5-0.5b"], requests=8, max_tokens=10)
+    with pytest.raises(RuntimeError, match="bench variant tap failed .exit 3.:\n.*out of memory"):
+        bench.run_round(work, tmp_path / "model", tmp_path, python=python)
+    assert not turns.exists()  # no pass ran: the plain engine was stopped, not left waiting
