@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -46,6 +47,7 @@ from entroloop.streams.actions import ActionRunner, client_query
 from entroloop.streams.actions.runbooks import runbooks_from_settings
 from entroloop.streams.base import Processor
 from entroloop.streams.defaults import default_processors
+from entroloop.streams.windowing import event_time_ceiling
 
 RUNNER_NODE = "embedded-runner"
 # At the end of a finite input, event time jumps this far past the last event: further than any
@@ -131,7 +133,8 @@ class EmbeddedRunner:
             for record_type in processor.inputs:
                 self._routes[record_type].append(processor)
         self._watermark = 0.0
-        self._max_event_time = 0.0
+        self._max_event_time = 0.0  # unbounded: the end of a finite stream closes every window
+        self.events_ahead = 0  # records ahead of this process's clock (they move the watermark only to it)
         # After a crash: the batches journaled but not committed; their replays are checked
         # (``ClickHouseSink.repair_replay``: chDB may have logged a token and lost its part).
         saved_and_cut = {(t.name, p): (self.offsets.get(t.name, p), self.cuts.last_end(t.name, p))
@@ -223,6 +226,7 @@ class EmbeddedRunner:
 
     def _process_batch(self, topic: str, partition: int, first: int, frames: list[tuple[str, bytes]]) -> None:
         records: list[Event] = []
+        ceiling = event_time_ceiling(time.time())  # see entroloop.streams.windowing.MAX_AHEAD_OF_CLOCK_S
         offsets: list[int] = []
         for i, (key, value) in enumerate(frames):
             try:
@@ -237,7 +241,9 @@ class EmbeddedRunner:
                 continue
             records.append(record)
             offsets.append(first + i)
-            self._watermark = max(self._watermark, record.emitted_at)
+            if record.emitted_at > ceiling:  # a producer's clock is ahead: it closes no window early
+                self.events_ahead += 1
+            self._watermark = max(self._watermark, min(record.emitted_at, ceiling))
             self._max_event_time = max(self._max_event_time, record.emitted_at)
         last = first + len(frames) - 1
         if records:

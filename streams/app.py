@@ -82,6 +82,7 @@ from entroloop.streams.faust_offsets import (
 from entroloop.streams.faust_raw import RawBytesSchema
 from entroloop.streams.stop_watchdog import arm_stop_watchdog
 from entroloop.streams.table_state import TableState, TableStateSpec
+from entroloop.streams.windowing import MAX_AHEAD_OF_CLOCK_S, event_time_ceiling
 
 from entroloop.contract.codec import (
     CodecError,
@@ -99,6 +100,7 @@ from entroloop.infra.gc_policy import tune_for_streaming
 from entroloop.infra.metrics import (
     CONSUMER_LAG,
     DEAD_LETTERS,
+    EVENTS_AHEAD,
     EVENTS_IN,
     EVENTS_OUT,
     LAST_COMMIT,
@@ -198,10 +200,11 @@ class WatermarkCadence:
     caught up, so records buffered meanwhile are not made late."""
 
     def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic,
-                 idle_s: float = 2.0) -> None:
+                 idle_s: float = 2.0, wall: Callable[[], float] = time.time) -> None:
         self.interval_s = interval_s
         self.idle_s = idle_s
         self.clock = clock
+        self.wall = wall  # time of day: only to cap event time (``event_time_ceiling``)
         self.event_time = float("-inf")
         self._last_call = float("-inf")
         self._newest: dict[Any, tuple[float, float]] = {}  # source -> (newest event time, wall time heard)
@@ -217,7 +220,10 @@ class WatermarkCadence:
             self._newest.setdefault(source, (float("-inf"), now))
 
     def note(self, event_time: float, source: Any = None) -> None:
-        """Record that ``source`` delivered events up to ``event_time``."""
+        """Record that ``source`` delivered events up to ``event_time``, taken as no later than this
+        reader's clock allows (``entroloop.streams.windowing.MAX_AHEAD_OF_CLOCK_S``: a producer's
+        wrong clock must not close windows early)."""
+        event_time = min(event_time, event_time_ceiling(self.wall()))
         now = self.clock()
         newest, _ = self._newest.get(source, (float("-inf"), now))
         self._newest[source] = (max(newest, event_time), now)
@@ -362,6 +368,8 @@ class StreamsApp:
         }
         self.table_states: dict[int, TableState[Any]] = {}
         self._counted: dict[tuple[str, int], int] = {}  # (metric, processor): its running total already counted
+        self.events_ahead = 0  # records ahead of this worker's clock (``_count_ahead``)
+        self._ahead_logged_at = float("-inf")
         self._watermarks = {id(p): WatermarkCadence(config.watermark_interval_s, idle_s=config.watermark_idle_s)
                             for p in self.processors}
         for processor in self.processors:
@@ -427,6 +435,9 @@ class StreamsApp:
         async def handle_batch(events: list[Any]) -> None:
             records, dead = self._decode_batch(topic_name, record_type, events)
             EVENTS_IN.labels("worker", topic_name).inc(len(events))  # per batch: never per record
+            ceiling = event_time_ceiling(time.time())
+            if records and max(record.emitted_at for record, _ in records) > ceiling:  # a producer's clock is fast
+                self._count_ahead(topic_name, [record for record, _ in records], ceiling)
             outputs = self._run_processors(topic_name, inline, records)
             if threaded:
                 loop = asyncio.get_running_loop()
@@ -535,6 +546,21 @@ class StreamsApp:
         except Exception:
             log.exception("processor %s failed in on_watermark", processor.name)
         return []
+
+    def _count_ahead(self, topic: str, records: list[Event], ceiling: float) -> None:
+        """Count (and, at most once a minute, name the nodes of) records ahead of this worker's
+        clock; the cadences cap their event time (``WatermarkCadence.note``)."""
+        ahead = [r for r in records if r.emitted_at > ceiling]
+        self.events_ahead += len(ahead)
+        EVENTS_AHEAD.labels("worker").inc(len(ahead))
+        now = time.monotonic()
+        if now - self._ahead_logged_at >= 60:
+            self._ahead_logged_at = now
+            worst = max(ahead, key=lambda r: r.emitted_at)
+            log.warning("%d record(s) on %s ahead of this worker's clock, by up to %.0f s (node %s); check the "
+                        "producers' clocks (NTP). They count in their own windows but close none early "
+                        "(entroloop_events_ahead_of_clock_total)", len(ahead), topic,
+                        worst.emitted_at - ceiling + MAX_AHEAD_OF_CLOCK_S, worst.node_id)
 
     def _input_names(self, processor: Processor) -> set[str]:
         return {TOPIC_BY_TYPE[t].name for t in processor.inputs}
@@ -728,8 +754,9 @@ class StreamsApp:
         return self.commits.committed.get(tp) or self.app.consumer._committed_offset.get(tp) or 0
 
     def health_records(self) -> list[Health]:
-        """Consumer lag per assigned partition, the age of the last commit, the keys held per
-        durable state table and the late events each windowed processor dropped, as Health records."""
+        """Consumer lag per assigned partition, the age of the last commit, the records ahead of this
+        worker's clock, the keys held per durable state table and the late events each windowed
+        processor dropped, as Health records."""
         consumer = self.app.consumer
         now = time.time()
         commit_age = self.commits.age(consumer, self._guarded_topics)
@@ -744,6 +771,9 @@ class StreamsApp:
                 labels={"app": self.app.conf.id},
             )
         ]
+        records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
+                              metric="events_ahead_of_clock", value=float(self.events_ahead),
+                              labels={"app": self.app.conf.id}))
         for processor in self.processors:
             late = getattr(processor, "late_events", None)  # windowed processors: events their closed windows refused
             if late is not None:

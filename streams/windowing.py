@@ -18,6 +18,22 @@ from entroloop.contract.records import Event
 
 E = TypeVar("E", bound=Event)
 
+MAX_AHEAD_OF_CLOCK_S = 1.0
+"""How far ahead of the reader's own clock a record's ``emitted_at`` may move event time.
+
+Decoding accepts records up to ``ENTROLOOP_EVENT_MAX_FUTURE_S`` (a day) ahead, so that a node with
+a wrong clock is not dead-lettered. Its records must not close windows, though: one record an hour
+ahead made the watermark jump an hour, closed every window in between and made every later
+on-time record late (dropped from its window) for that hour. Event time cannot really be ahead of
+the time of day, so the watermark takes such a record's time as the reader's clock plus this
+margin (windows then close a little later when the reader's own clock is behind; never earlier).
+The record itself is still counted in the window its own ``emitted_at`` names."""
+
+
+def event_time_ceiling(now: float) -> float:
+    """The latest event time a record read at wall time ``now`` may move the watermark to."""
+    return now + MAX_AHEAD_OF_CLOCK_S
+
 
 def window_start(event_time: float, size_s: float) -> float:
     """Start of the tumbling window of length ``size_s`` (aligned to the epoch) holding ``event_time``."""

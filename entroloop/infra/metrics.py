@@ -40,6 +40,9 @@ TABLE_EVICTED = Counter("entroloop_table_evicted", "Keys a stream worker dropped
 LATE_EVENTS = Counter("entroloop_late_events", "Events a stream worker's windowed processor dropped because their "
                       "window had closed (event time behind the watermark by more than ENTROLOOP_WINDOW_GRACE_S).",
                       ["component", "processor"])
+EVENTS_AHEAD = Counter("entroloop_events_ahead_of_clock", "Records whose emitted_at was ahead of the stream "
+                       "reader's clock (a producer's clock is wrong): their event time moved the watermark only "
+                       "as far as the reader's clock.", ["component"])
 SPOOL_BYTES = Gauge("entroloop_spool_bytes", "Bytes waiting in the node publisher's disk spool.", ["component"])
 INSERT_SECONDS = Histogram("entroloop_insert_seconds", "Duration of one sink write, per table.", ["table"],
                            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))

@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from confluent_kafka import Consumer
 
@@ -164,6 +165,7 @@ def test_poison_records_become_dead_letters_and_health_is_published(
 ) -> None:
     ensure_topics(kafka_bootstrap, topic_prefix, partitions=1, topics=TOPICS)
     good = feedback(3, slow_first=False)
+    good[2] = msgspec.structs.replace(good[2], emitted_at=time.time() + 3600)  # from a node whose clock is an hour fast
     items = [(r.request_id.encode(), codec.encode(r)) for r in good]
     items.insert(1, (b"req-poison", b"\x93not a record"))
     produce(kafka_bootstrap, topic_prefix + Feedback.topic, items)
@@ -176,6 +178,8 @@ def test_poison_records_become_dead_letters_and_health_is_published(
         assert dead.read_until(lambda rs: len(rs) >= 1, 30), worker.log_tail()
         wanted = {"consumer_lag", "last_commit_age_s"}
         assert health.read_until(lambda rs: wanted <= {r.metric for r in rs}, 30), worker.log_tail()
+        assert health.read_until(lambda rs: any(r.metric == "events_ahead_of_clock" and r.value == 1.0 for r in rs), 30), \
+            worker.log_tail()  # counted, and still processed (3 alerts above)
     finally:
         worker.kill()
         for reader in (dead, health, alerts):

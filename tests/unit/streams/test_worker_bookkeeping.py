@@ -4,9 +4,11 @@ on_watermark cadence, and table writes coalesced per key per batch."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import namedtuple
 from typing import Any
 
+import pytest
 from entroloop.streams.app import (
     CommitTracker,
     StreamsApp,
@@ -14,6 +16,10 @@ from entroloop.streams.app import (
     WatermarkCadence,
 )
 from entroloop.streams.table_state import TableState, TableStateSpec
+from entroloop.streams.windowing import MAX_AHEAD_OF_CLOCK_S, event_time_ceiling
+
+from entroloop.contract.ids import NodeStamper
+from entroloop.contract.records import Audit
 
 TP = namedtuple("TP", "topic partition")
 IN = TP("p.in", 0)
@@ -236,3 +242,41 @@ def test_unsealed_writes_wait_for_their_batch_and_recovery_refreshes_the_view() 
     assert state.flush() == 1 and table.changelog == [(0, b"a", b"1")]
     table.data.apply_changelog_batch([(b"b", b"2")])  # Faust recovering the changelog
     assert dict(state.items()) == {"a": "1", "b": "2"} and "b" in state
+
+
+HOUR = 3600.0
+
+
+def _audits(stamper: NodeStamper, first: int, n: int, at: float) -> list[Audit]:
+    return [Audit(**stamper.stamp(at), request_id=f"req-{i}", audit_id=f"audit-{i}", model="m", prompt="q",
+                  response="a") for i in range(first, first + n)]
+
+
+def test_the_worker_cadence_moves_event_time_only_as_far_as_its_own_clock() -> None:
+    clock, wall = Clock(), Clock()
+    wall.now = 1_800_000_000.0
+    cadence = WatermarkCadence(0.25, clock, idle_s=2.0, wall=wall)
+    assert cadence.due(wall.now - 5, ("audit", 0)) and cadence.event_time == wall.now - 5
+    clock.now += 0.3
+    assert cadence.due(wall.now + HOUR, ("audit", 0))  # a node an hour fast
+    assert cadence.event_time == wall.now + MAX_AHEAD_OF_CLOCK_S
+    # Traffic stops, caught up: event time goes on with wall time from the capped time, not from
+    # an hour ahead (the idle rule takes the newest time heard, so it was the worst case).
+    clock.now += 10.0
+    wall.now += 10.0
+    assert cadence.due(caught_up=True)
+    assert cadence.event_time == pytest.approx(wall.now - 10.0 + MAX_AHEAD_OF_CLOCK_S + 10.0 - 2.0)
+    assert cadence.event_time < wall.now + MAX_AHEAD_OF_CLOCK_S
+
+
+def test_the_worker_counts_records_ahead_of_its_clock_and_names_the_node_once_a_minute(caplog) -> None:
+    streams = object.__new__(StreamsApp)  # only the attributes _count_ahead uses
+    streams.events_ahead, streams._ahead_logged_at = 0, float("-inf")
+    now = time.time()
+    records = [*_audits(NodeStamper("node-on-time"), 0, 3, now), *_audits(NodeStamper("node-fast-clock"), 3, 2, now + HOUR)]
+    with caplog.at_level("WARNING", logger="entroloop.streams.app"):
+        streams._count_ahead("entroloop.audit.v1", records, event_time_ceiling(now))
+        streams._count_ahead("entroloop.audit.v1", records, event_time_ceiling(now))
+    assert streams.events_ahead == 4  # the fast node's 2 audits, in both batches
+    warnings = [r.getMessage() for r in caplog.records if "ahead of this worker's clock" in r.getMessage()]
+    assert len(warnings) == 1 and "node-fast-clock" in warnings[0] and "by up to 3600 s" in warnings[0]
