@@ -38,7 +38,11 @@ partitioned with its input topics (all keyed by ``request_id``, same partition c
 restarted worker recovers the state from the broker. Its writes are buffered while the batch runs,
 encoded once per key at the end of the batch, and applied to the table on the event loop,
 their changelog records (one per key per batch) handed to the producer before the batch is
-acknowledged.
+acknowledged, after the batch's outputs. The changelog can still reach the broker while an output
+does not (another partition on another broker, or a refused delivery, after which the worker stops
+and its inputs are replayed): so a processor with durable state makes its outputs again when it is
+handed the same inputs again (the bad-case join re-makes the bad cases of a joined request; the
+entropy carry re-judges a chunk), under the same event ids, which the sinks absorb.
 
 Cost per event (``entroloop bench workers``): outputs and changelog records go straight to the
 producer, one aiokafka batch per topic partition (``_produce``: no future per record; lingering
@@ -442,10 +446,12 @@ class StreamsApp:
             if threaded:
                 loop = asyncio.get_running_loop()
                 outputs += await loop.run_in_executor(executor, self._run_processors, topic_name, threaded, records)
+            # Outputs before the state changes that made them: should the worker die between the
+            # two, the state is older than the outputs and a replay makes them again (same ids).
+            await self._send_all([*dead, *outputs])
             for processor in processors:  # on the loop: only here may a Faust table change
                 if (state := self.table_states.get(id(processor))) is not None:
                     await self._send_changelog(state)
-            await self._send_all([*dead, *outputs])
 
         async def agent(stream: Any) -> None:
             async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
@@ -586,9 +592,9 @@ class StreamsApp:
 
             executor = self._executors.get(id(processor))
             outputs = await loop.run_in_executor(executor, close) if executor else close()
+            await self._send_all(outputs)  # before the state changes that made them, as in a batch
             if (state := self.table_states.get(id(processor))) is not None:
                 await self._send_changelog(state)
-            await self._send_all(outputs)
 
     async def _caught_up(self, topics: set[str]) -> bool:
         """True when the broker answers and no assigned partition of ``topics`` has a record past

@@ -75,11 +75,12 @@ REGRESSION_LABEL = "regression"
 
 
 class JoinEntry(msgspec.Struct):
-    """What one request id is waiting with: its audit, or feedbacks that came before the audit."""
+    """What one request id is waiting with: its audit, or feedbacks that came before the audit;
+    and the (redacted) feedbacks already joined, so a redelivery makes their bad cases again."""
 
     audit: Audit | None = None
     waiting_feedback: list[Feedback] = []
-    joined_feedback_ids: list[str] = []
+    joined_feedback: list[Feedback] = []
     last_seen: float = 0.0
 
 
@@ -301,8 +302,14 @@ class BadCaseJoiner(Processor):
                 self._expiry.discard(record.request_id, held_for)  # held for the answer's tenant from now on
             entry.audit = record
             entry.last_seen = max(entry.last_seen, record.emitted_at)
+            # An audit delivered again (a restarted worker replays from its last commit) finds its
+            # bad cases joined in the recovered state: they are made again (same event ids, which
+            # the sinks and the retrain trigger absorb), because the changelog can reach the broker
+            # while the bad cases themselves did not (another partition and broker, or a delivery
+            # refused, after which the worker stops and its inputs are replayed).
+            cases: list[Event] = [self.build(record, fb) for fb in entry.joined_feedback]
             waiting, entry.waiting_feedback = entry.waiting_feedback, []
-            cases = [case for fb in waiting if (case := self._join(entry, fb)) is not None]
+            cases += [self._join(entry, fb) for fb in waiting]
             self.state[record.request_id] = entry  # write back: a changelogged table logs on set
             self._expiry.touch(record.request_id, record.tenant, entry.last_seen)
             return cases
@@ -326,16 +333,18 @@ class BadCaseJoiner(Processor):
             return [case] if case is not None else []
         return []
 
-    def _join(self, entry: JoinEntry, feedback: Feedback) -> Event | None:
-        """The bad case of ``feedback`` on the entry's audit; a dead letter if another tenant sent it."""
-        if feedback.event_id in entry.joined_feedback_ids:
-            return None  # redelivered feedback: already a bad case
+    def _join(self, entry: JoinEntry, feedback: Feedback) -> Event:
+        """The bad case of ``feedback`` on the entry's audit; a dead letter if another tenant sent it.
+
+        A feedback delivered again gets the same bad case again (see ``process``: the first may
+        not have reached the broker), not a second entry in the state."""
         audit = entry.audit
         assert audit is not None
         if not verdict_applies(feedback.tenant, audit.tenant):
             self.refused_other_tenant += 1
             return self.tenant_mismatch(audit, feedback)
-        entry.joined_feedback_ids.append(feedback.event_id)
+        if all(fb.event_id != feedback.event_id for fb in entry.joined_feedback):
+            entry.joined_feedback.append(feedback)
         return self.build(audit, feedback)
 
     def tenant_mismatch(self, audit: Audit, feedback: Feedback) -> DeadLetter:

@@ -46,7 +46,7 @@ def test_a_correction_from_another_tenant_is_a_dead_letter_in_either_arrival_ord
     kept = decode(letter.payload, window=None)  # nothing lost: the refused feedback travels with the reason
     assert isinstance(kept, Feedback) and kept.event_id == foreign.event_id and kept.tenant == "beta"
     assert audit_first.refused_other_tenant == feedback_first.refused_other_tenant == 1
-    assert audit_first.state["r1"].joined_feedback_ids == []
+    assert audit_first.state["r1"].joined_feedback == []  # a refused correction is not joined
 
 
 def test_the_owner_still_corrects_after_a_refused_correction_and_a_redelivery_repeats_the_letter() -> None:

@@ -56,11 +56,31 @@ def test_redelivered_feedback_yields_one_bad_case_and_second_correction_joins() 
     joiner = BadCaseJoiner()
     fb = feedback("r4", corrected=CORRECTION)
     joiner.process(fb)
-    joiner.process(fb)  # redelivery before the audit
-    assert len(joiner.process(audit("r4", response=RESPONSE))) == 1
-    assert joiner.process(fb) == []  # redelivery after the join
+    joiner.process(fb)  # redelivery before the audit: it waits once
+    (case,) = joiner.process(audit("r4", response=RESPONSE))
+    (again,) = joiner.process(fb)  # redelivery after the join: the same bad case, which the sinks absorb
+    assert encode(again) == encode(case)
+    assert len(joiner.state["r4"].joined_feedback) == 1
     other = feedback("r4", corrected="您的账户余额为130.00元，到期日2024-03-05。")
-    assert len(joiner.process(other)) == 1
+    (second,) = joiner.process(other)
+    assert second.event_id != case.event_id
+
+
+def test_a_bad_case_that_never_reached_the_broker_comes_again_when_its_inputs_are_replayed() -> None:
+    """The join's changelog can reach the broker while its bad case does not (another partition on
+    another broker; or the broker refused the bad case and the worker stopped before committing).
+    The restarted worker recovers the join from the changelog and is handed the same audit and
+    feedback again: before, it found the feedback "already joined" and the correction was lost."""
+    a, fb = audit("r6", response=RESPONSE), feedback("r6", corrected=CORRECTION)
+    for first, then in ((a, fb), (fb, a)):
+        crashed = BadCaseJoiner()
+        crashed.process(first)
+        (lost,) = crashed.process(then)
+        # what recovery reads back from the compacted changelog
+        recovered = {rid: decode_entry(encode_entry(entry)) for rid, entry in crashed.state.items()}
+        restarted = BadCaseJoiner(state=recovered)
+        made_again = restarted.process(first) + restarted.process(then)  # replayed from the last commit
+        assert [encode(r) for r in made_again] == [encode(lost)] * 2  # same id: stored once
 
 
 def test_ttl_expires_by_event_time() -> None:
