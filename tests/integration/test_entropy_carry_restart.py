@@ -4,7 +4,8 @@ alert, and a request whose final chunk never comes is still reported after the T
 The real ``entroloop worker`` (every processor, as deployed) processes and commits chunk 0 of three
 long requests: two end in a loop that chunk 1 continues (its tail alone is under ``min_run`` for
 one, over it for the other), one never sends chunk 1. The worker is SIGKILLed; chunk 1 of the first
-two is published with an event time past the incomplete-request TTL; a new worker starts. It has
+two is published with an event time past the incomplete-request TTL (the whole story is set in the
+past, ending two minutes ago: event time never runs ahead of the worker's clock); a new worker starts. It has
 never seen chunk 0 (its offset was committed), so only the ``entropy_carry`` table recovered from
 its changelog can give it the runs' starts and the unfinished request. It must publish exactly what
 the detector gives in-process for all the chunks (same event ids, spans, alert keys, dead letter).
@@ -65,7 +66,10 @@ def test_chunk_carry_is_recovered_by_a_new_worker_after_a_kill(
     settings = Settings(entropy_evidence=False)  # the carry of the static runs (the worker's env says the same)
     min_run, ttl = settings.loop_min_run, settings.incomplete_request_ttl_s
     stamper = NodeStamper("node-carry-test")
-    t0 = time.time()
+    # Event times in the past, as for traffic read after the fact: a worker moves event time at
+    # most to its own clock (entroloop.streams.windowing.MAX_AHEAD_OF_CLOCK_S), so chunk 1 cannot
+    # make the TTL pass by coming from the future; it comes two minutes before now instead.
+    t0 = time.time() - ttl - 121
     head = [NORMAL] * (CHUNK - (min_run - 1)) + [LOOPING] * (min_run - 1)  # a loop too short alone
     # The request that never ends went quiet a minute before the other two. Chunk 1 comes after its
     # TTL (event time), so it expires it, and within the TTL of the other two: the worker may close
