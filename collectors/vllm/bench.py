@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TextIO
 
 VARIANTS = ("plain", "tap", "top20")
-PASSES = 4  # timed passes per engine; the engines take turns, pass by pass
+PASSES = 6  # timed passes per engine; the engines take turns, pass by pass
 LM_HEAD_GAIN = 15.0  # mean exact entropy of a few nats, as trained chat models show
 MODEL_CACHE = Path.home() / ".cache" / "entroloop" / "bench-models"
 BUILDER_VERSION = 2  # bump when build_model changes what it writes (the cache key includes it)
