@@ -163,50 +163,47 @@ def _shortest_run(max_period: int, min_repeats: float, min_tokens: int) -> int:
 def _recurring_records(values: np.ndarray, owner: np.ndarray, max_period: int, min_repeats: float,
                        min_tokens: int, tolerance: tuple[float, float] | None) -> np.ndarray:
     """Indexes of the records with a run of at least ``_shortest_run`` tokens each of which recurs
-    (exactly, or within the tolerance) within ``max_period`` tokens in the same record.
+    (exactly, or within the tolerance) within ``max_period`` tokens.
 
-    One stable sort per key: equal keys sit next to each other in position order, so each token's
-    next occurrence is its neighbour. For entropies, two grids of cells as wide as twice the
-    tolerance, offset by half a cell: two values within the tolerance share a cell of one grid."""
+    A superset of the records ``_compare_lags`` finds a stretch in, never fewer: a run counts only
+    inside one record (it ends at the record's last token), while a token may count as recurring
+    when its twin is in the next record (at most ``max_period`` tokens at a record's end, which
+    costs a record passed on, never one missed). One comparison and one OR per lag over the batch:
+    ~4x less than the sort that grouped equal keys before (token ids, fleet batches of 500). For
+    entropies, two grids of cells as wide as twice the tolerance, offset by half a cell: two values
+    within the tolerance share a cell of one grid."""
     n = values.size
     if tolerance is None:
-        keys = [values.astype(np.int64)]
+        keys = [values]
     else:
         width = 2 * (tolerance[0] + tolerance[1] * float(values.max(initial=0.0)))
         if width <= 0:
-            keys = [values.view(np.int32).astype(np.int64)]
+            keys = [values.view(np.int32)]
         else:
             scaled = values / np.float32(width)
             keys = [np.floor(scaled).astype(np.int64), np.floor(scaled + np.float32(0.5)).astype(np.int64)]
     recurs = np.zeros(n, dtype=np.bool_)
-    for key in keys:
-        key = (owner.astype(np.int64) << 33) + (key - key.min(initial=0))
-        ordered, order = _grouped_in_position_order(key)
-        twin = ordered[1:] == ordered[:-1]
-        first, then = order[:-1][twin], order[1:][twin]
-        recurs[first[then - first <= max_period]] = True
-    run = _shortest_run(max_period, min_repeats, min_tokens)
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], recurs.view(np.int8), [0]))))
-    starts, ends = edges[::2], edges[1::2]
+    same = np.empty(n, dtype=np.bool_)
+    for lag in range(1, min(max_period, n - 1) + 1):
+        width_at_lag = n - lag
+        for key in keys:
+            np.equal(key[lag:], key[:-lag], out=same[:width_at_lag])
+            recurs[:width_at_lag] |= same[:width_at_lag]
+    # Maximal runs of recurring tokens, each cut where a record begins.
+    record_starts = np.empty(n, dtype=np.bool_)
+    record_starts[0] = True
+    np.not_equal(owner[1:], owner[:-1], out=record_starts[1:])
+    before = np.empty(n, dtype=np.bool_)
+    before[0] = False
+    before[1:] = recurs[:-1]
+    starts = np.flatnonzero(recurs & (record_starts | ~before))
+    after = np.empty(n, dtype=np.bool_)
+    after[-1] = False
+    after[:-1] = recurs[1:] & ~record_starts[1:]
+    ends = np.flatnonzero(recurs & ~after) + 1
     marked = np.zeros(int(owner[-1]) + 1, dtype=np.bool_)
-    marked[owner[starts[(ends - starts) >= run]]] = True
+    marked[owner[starts[(ends - starts) >= _shortest_run(max_period, min_repeats, min_tokens)]]] = True
     return np.flatnonzero(marked)
-
-
-def _grouped_in_position_order(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(key[order], order)`` for ``order = argsort(key, kind="stable")``: equal keys together, each
-    group in position order. Where the key and the position fit in one int64 together (always, for
-    a micro-batch: 9 + 32 bits of record and token id, ~20 of position), one plain sort of
-    ``key << bits | position`` gives both, ~3x faster than numpy's stable argsort (a merge sort
-    for 64-bit keys) on a 32k-token batch, which was a tenth of the entropy detector's time."""
-    n = key.size
-    bits = max(int(n - 1).bit_length(), 1)
-    top = int(key.max(initial=0))
-    if key.size == 0 or int(key.min()) < 0 or top.bit_length() + bits > 62:
-        order = np.argsort(key, kind="stable")
-        return key[order], order
-    packed = np.sort((key << bits) | np.arange(n, dtype=np.int64))
-    return packed >> bits, packed & ((1 << bits) - 1)
 
 
 def _compare_lags(values: np.ndarray, bounds: np.ndarray, owner: np.ndarray, max_period: int,
