@@ -8,7 +8,10 @@ of their own (a fresh prefix each, so neither sees the other's outputs):
 - ``plain``: :func:`plain_loop` below: one confluent-kafka consumer on the same input topics, each
   poll batch decoded with ``entroloop.contract.codec`` and handed to the same processors
   (``entroloop.streams.defaults.default_processors``), outputs produced to their topics, the producer flushed
-  and the offsets committed every second (at-least-once, like the worker).
+  and the offsets committed every second (at-least-once, like the worker);
+- ``transport``: the same ``entroloop worker`` with processors that do nothing (same inputs, no
+  outputs, no state; :func:`faust_transport`): what Faust's fetch, hand-over, decoding and commits
+  cost alone, i.e. the most the worker could drain however fast the processors became.
 
 Both are observed the same way, every 20 ms: the consumer group's committed offsets on the fleet's
 topics and the worker process's CPU time (all threads, from /proc). The measured span starts at
@@ -41,6 +44,8 @@ TARGET_RATIO = 0.5
 TARGET_EVENTS_PER_S = 20_000
 PLAIN_GROUP = "plain-loop"
 FAUST_GROUP = "entroloop-streams"  # StreamsConfig.app_id
+VARIANTS = (("plain", PLAIN_GROUP), ("faust", FAUST_GROUP), ("transport", FAUST_GROUP))
+"""Measured in this order in every run, each on topics of its own."""
 _POLL_S = 0.02
 BUSY_CORES = 0.3
 """A process using at least this much of a core between two samples is still working."""
@@ -183,6 +188,8 @@ def _start(variant: str, bootstrap: str, prefix: str, partitions: int, folder: P
            "ENTROLOOP_INTENT_SAMPLE_RATE": "0"}
     if variant == "faust":
         args = [sys.executable, "-m", "entroloop.cli", *FAUST_WORKER_ARGS]
+    elif variant == "transport":
+        args = [sys.executable, "-m", "entroloop.benchmarks.workers", "--faust-transport"]
     else:
         args = [sys.executable, "-m", "entroloop.benchmarks.workers"]
     log_path = folder / f"{variant}.log"
@@ -203,12 +210,12 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def measure_once(bootstrap: str, payloads: list[tuple[str, bytes, bytes]], partitions: int = 6,
                  timeout_s: float = 600, progress: Callable[[str], None] = lambda text: None) -> dict[str, float]:
-    """One run of both variants (plain first, then Faust) on the same events; their figures and ratio."""
+    """One run of every variant (``VARIANTS``, in order) on the same events; their figures and ratios."""
     topics = sorted({topic for topic, _, _ in payloads})
     result: dict[str, float] = {}
     stamp = f"{int(time.time() * 1000)}"
     with tempfile.TemporaryDirectory(prefix="entroloop-bench-workers-") as tmp:
-        for variant, group in (("plain", PLAIN_GROUP), ("faust", FAUST_GROUP)):
+        for variant, group in VARIANTS:
             prefix = f"bw{stamp}{variant[0]}."
             progress(f"{variant}: publishing {len(payloads):,} events")
             _publish(bootstrap, prefix, payloads, partitions)
@@ -226,6 +233,8 @@ def measure_once(bootstrap: str, payloads: list[tuple[str, bytes, bytes]], parti
                 result[f"{variant}_{key}"] = value
     result["ratio"] = result["faust_events_per_s"] / result["plain_events_per_s"]
     result["cpu_ratio"] = result["faust_cpu_us_per_event"] / result["plain_cpu_us_per_event"]
+    # What the processors add in the worker: its CPU per event less its transport's, same run.
+    result["processors_cpu_us_per_event"] = result["faust_cpu_us_per_event"] - result["transport_cpu_us_per_event"]
     return result
 
 
@@ -263,6 +272,14 @@ def figures(result: dict[str, Any]) -> list[Figure]:
         Figure.repeated(SECTION, "Faust worker CPU while draining", r["faust_cores"], "cores"),
         Figure.repeated(SECTION, "Faust table changelog records", r["faust_changelog_records"], "records",
                         note="one per key per batch (the bad-case join keeps an entry per request)"),
+        Figure.repeated(SECTION, "Faust worker, processors doing nothing (its transport alone)",
+                        r["transport_events_per_s"], "events/s",
+                        note="the same worker and inputs, every processor's work replaced by nothing (no outputs, "
+                             "no state): fetch, hand-over, decoding, acks and commits; the most the worker could "
+                             "drain if the processors cost nothing"),
+        Figure.repeated(SECTION, "Faust transport CPU per event", r["transport_cpu_us_per_event"], "µs"),
+        Figure.repeated(SECTION, "processors' CPU per event in the Faust worker", r["processors_cpu_us_per_event"], "µs",
+                        baseline="the Faust worker's CPU per event less its transport's, same run"),
     ]
 
 
@@ -345,7 +362,31 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
         consumer.close()
 
 
+def faust_transport() -> None:
+    """``entroloop worker`` (the deployment's command line) with every processor's batch and
+    watermark work replaced by nothing: same subscriptions, no outputs, no state."""
+    import entroloop.streams.defaults as defaults
+    from entroloop.cli import main as cli_main
+
+    every_processor = defaults.default_processors
+
+    def idle_processors(settings: Any, with_intent: bool | None = None) -> list[Any]:
+        processors = every_processor(settings, with_intent=False)
+        for processor in processors:
+            processor.process_batch = lambda records: []
+            processor.on_watermark = lambda event_time: []
+        return processors
+
+    # The worker looks the factory up when it builds its app (streams/app.py), so this is the one it uses.
+    defaults.default_processors = idle_processors
+    sys.argv = ["entroloop", *FAUST_WORKER_ARGS]
+    cli_main()
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--faust-transport"]:
+        faust_transport()
+        return
     stopping = False
 
     def on_term(*_: Any) -> None:

@@ -30,13 +30,18 @@ def test_figures_report_medians_spreads_and_the_targets() -> None:
         "faust_events_per_s": rep(21_000, 25_000, 19_000), "plain_events_per_s": rep(40_000, 42_000, 30_000),
         "ratio": rep(0.525, 0.595, 0.633), "faust_cpu_us_per_event": rep(50, 60, 55),
         "plain_cpu_us_per_event": rep(30, 31, 29), "cpu_ratio": rep(1.7, 1.9, 1.8), "faust_cores": rep(1, 1, 1),
-        "faust_changelog_records": rep(40_000, 40_000, 40_000)}}
+        "faust_changelog_records": rep(40_000, 40_000, 40_000),
+        "transport_events_per_s": rep(30_000, 31_000, 29_000), "transport_cpu_us_per_event": rep(33, 32, 34),
+        "processors_cpu_us_per_event": rep(17, 28, 21)}}
     figures = {f.name: f for f in workers.figures(result)}
     faust = figures["Faust worker (`entroloop worker`)"]
     assert faust.value == 21_000 and faust.met is True and faust.runs == 3 and faust.load_average == 1.5
     assert faust.spread == "19,000–25,000"
     ratio = figures["Faust / plain throughput"]
     assert ratio.value == 0.595 and ratio.met is True  # the median of the per-run ratios
+    transport = figures["Faust worker, processors doing nothing (its transport alone)"]
+    assert transport.value == 30_000 and transport.target in (None, "")  # a diagnosis, not a target
+    assert figures["processors' CPU per event in the Faust worker"].value == 21
     result["repeated"]["ratio"] = rep(0.2, 0.3, 0.4)
     assert {f.name: f for f in workers.figures(result)}["Faust / plain throughput"].met is False
 
@@ -46,3 +51,32 @@ def test_the_faust_variant_starts_the_worker_with_options_the_cli_accepts() -> N
     result = CliRunner().invoke(app, [*workers.FAUST_WORKER_ARGS, "--help"])
     assert result.exit_code == 0, result.output
     assert CliRunner().invoke(app, ["worker", "--loglevel", "warn", "--help"]).exit_code != 0  # the test can fail
+
+
+
+def test_the_transport_variant_runs_the_worker_command_with_processors_that_do_nothing(monkeypatch) -> None:
+    import sys
+
+    import entroloop.cli as cli
+    import entroloop.streams.defaults as defaults
+    from entroloop.contract.codec import decode
+    from entroloop.contract.settings import Settings
+
+    started: dict[str, object] = {}
+
+    def fake_cli() -> None:  # what the worker does first: build its processors from the factory
+        started["argv"] = list(sys.argv)
+        started["processors"] = defaults.default_processors(Settings())
+
+    monkeypatch.setattr(cli, "main", fake_cli)
+    monkeypatch.setattr(defaults, "default_processors", defaults.default_processors)  # restored afterwards
+    monkeypatch.setattr(sys, "argv", ["entroloop.benchmarks.workers", "--faust-transport"])
+    workers.main()
+    assert started["argv"][1:] == list(workers.FAUST_WORKER_ARGS)
+    processors = started["processors"]
+    assert {"entropy_anomaly", "bad_cases", "fallback_rates"} <= {p.name for p in processors}
+    events = [decode(value) for _, _, value in workers.fleet_payloads(300)]
+    for processor in processors:  # the same inputs as the real worker's, and nothing comes out
+        fed = [e for e in events if isinstance(e, processor.inputs)]
+        assert fed, processor.name
+        assert processor.process_batch(fed) == [] and processor.on_watermark(2e9) == []
