@@ -374,6 +374,7 @@ class StreamsApp:
         self._counted: dict[tuple[str, int], int] = {}  # (metric, processor): its running total already counted
         self.events_ahead = 0  # records ahead of this worker's clock (``_count_ahead``)
         self._ahead_logged_at = float("-inf")
+        self._partial_logged_at = float("-inf")  # last error about aggregates counted by several workers
         self._watermarks = {id(p): WatermarkCadence(config.watermark_interval_s, idle_s=config.watermark_idle_s)
                             for p in self.processors}
         for processor in self.processors:
@@ -570,6 +571,29 @@ class StreamsApp:
 
     def _input_names(self, processor: Processor) -> set[str]:
         return {TOPIC_BY_TYPE[t].name for t in processor.inputs}
+
+    def partitions_not_held(self, assignment: Iterable[Any]) -> dict[str, int]:
+        """Per aggregating processor (``needs_every_partition``), the partitions of its inputs this
+        worker does not hold; more than 0 while it holds any: other workers of its group read them,
+        so its windows and trigger counts are partial ({} while nothing is assigned: a rebalance)."""
+        prefix = self.config.topic_prefix
+        held = Counter(tp.topic.removeprefix(prefix) for tp in assignment)
+        if not held:
+            return {}
+        return {p.name: sum(max(0, self.config.partitions - held[t]) for t in self._input_names(p))
+                for p in self.processors if p.needs_every_partition}
+
+    def _warn_partial_aggregates(self, missing: dict[str, int]) -> None:
+        partial = {name: n for name, n in missing.items() if n}
+        now = time.monotonic()
+        if not partial or now - self._partial_logged_at < 60:
+            return
+        self._partial_logged_at = now
+        log.error("%s count over every request, but other workers of group %s hold %s of their input partitions: "
+                  "their windows, alerts and triggers see only this worker's share. Run the aggregating processors "
+                  "in exactly one worker (`entroloop worker --role aggregates`) and scale the others with "
+                  "`--role requests` (docs/distributed.md)", ", ".join(sorted(partial)), self.app.conf.id,
+                  ", ".join(f"{n} ({name})" for name, n in sorted(partial.items())))
 
     # --- when the traffic stops ----------------------------------------------------------------
     async def _close_windows_when_idle(self) -> None:
@@ -780,6 +804,12 @@ class StreamsApp:
         records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
                               metric="events_ahead_of_clock", value=float(self.events_ahead),
                               labels={"app": self.app.conf.id}))
+        missing = self.partitions_not_held(list(consumer.assignment()))
+        self._warn_partial_aggregates(missing)
+        for name, count in sorted(missing.items()):
+            records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
+                                  metric="aggregate_partitions_not_held", value=float(count),
+                                  labels={"app": self.app.conf.id, "processor": name}))
         for processor in self.processors:
             late = getattr(processor, "late_events", None)  # windowed processors: events their closed windows refused
             if late is not None:

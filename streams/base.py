@@ -31,6 +31,11 @@ class Processor:
     it on a thread of its own so its event loop keeps fetching, producing and committing meanwhile.
     The others run on the loop itself: a thread hand-off and the GIL contention that comes with it
     cost more than their batches (tens of milliseconds)."""
+    needs_every_partition: ClassVar[bool] = False
+    """True for a processor that aggregates over many requests (windows per model and route, trigger
+    counts): it must read every partition of its inputs, since the topics are keyed by request id,
+    so one worker process runs it (``entroloop worker --role aggregates``). The others judge one
+    request at a time and scale with the workers (``--role requests``)."""
 
     def process(self, record: Event) -> list[Event]:  # pragma: no cover - overridden
         raise NotImplementedError

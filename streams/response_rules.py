@@ -30,6 +30,7 @@ class ResponseRuleChecker(Processor):
 
     name = "response_rules"
     inputs = (Audit,)
+    needs_every_partition = True  # counts over many requests: one worker must see every one
 
     def __init__(
         self,

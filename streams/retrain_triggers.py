@@ -31,6 +31,7 @@ class RetrainTrigger(Processor):
 
     name = "retrain_triggers"
     inputs = (BadCase, Audit)
+    needs_every_partition = True  # counts over many requests: one worker must see every one
 
     def __init__(
         self,

@@ -85,21 +85,27 @@ def register(app: typer.Typer) -> None:
         broker: Broker = None,
         topic_prefix: TopicPrefix = None,
         loglevel: Annotated[str, typer.Option("--log-level", help="Log level: critical, error, warning, info, debug.")] = "warning",
+        role: Annotated[str, typer.Option(
+            "--role",
+            help="all: every processor (one worker). To scale: workers with `requests` (entropy, baselines, "
+                 "bad-case join, intent: up to one per partition) beside exactly one with `aggregates` "
+                 "(fallback rates, rule counts, retrain triggers: counts over every request, which one "
+                 "worker must see whole).")] = "all",
     ) -> None:
-        """Run a Faust stream worker: every analytics processor of the pipeline, consuming from Kafka.
+        """Run a Faust stream worker: the pipeline's analytics processors, consuming from Kafka.
 
-        Alert actions (runbooks, webhooks) run in their own process: `entroloop actions`.
-
-        Scale by starting more workers (up to the partition count); each agent runs one actor per
-        process (the faust-streaming issue 606 guard).
+        One worker runs everything (`--role all`). The topics are keyed by request id, so with more workers each reads some partitions: the processors that judge one request at a time scale that way (`--role requests`, up to one worker per partition), while those that count over every request of a model and route (fallback rates, rule counts, retrain triggers) run in exactly one worker of their own (`--role aggregates`). Alert actions (runbooks, webhooks) run in their own process: `entroloop actions`. Each agent runs one actor per process (the faust-streaming issue 606 guard).
         """
         from entroloop.infra.metrics import serve_metrics
         from entroloop.streams.app import build_streams_app
+        from entroloop.streams.defaults import APP_ID_OF_ROLE, WORKER_ROLES, processors_for_role
 
+        if role not in WORKER_ROLES:
+            raise typer.BadParameter(f"{role!r}: choose one of {', '.join(WORKER_ROLES)}", param_hint="--role")
         settings = distributed_settings(broker, topic_prefix)
         serve_metrics(settings.metrics_port)
-        streams = build_streams_app(settings)
-        console.print(f"worker: {len(streams.processors)} processors on {', '.join(streams.input_topics)} "
+        streams = build_streams_app(settings, processors=processors_for_role(settings, role), app_id=APP_ID_OF_ROLE[role])
+        console.print(f"worker ({role}): {len(streams.processors)} processors on {', '.join(streams.input_topics)} "
                       f"via {settings.kafka_bootstrap}")
         streams.run(loglevel=loglevel)
 

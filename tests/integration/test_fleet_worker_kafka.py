@@ -114,9 +114,10 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 
 
 def start_worker(bootstrap: str, prefix: str, tmp: Path, metrics_port: int = 0,
-                 extra_env: dict[str, str] | None = None, module: str = "entroloop.cli") -> tuple[WorkerProcess, Path]:
-    """``entroloop worker`` on ``prefix``'s topics, with short session and commit intervals (``module``: a
-    test's wrapper of the CLI that injects a fault)."""
+                 extra_env: dict[str, str] | None = None, module: str = "entroloop.cli",
+                 role: str = "all") -> tuple[WorkerProcess, Path]:
+    """``entroloop worker --role ROLE`` on ``prefix``'s topics, with short session and commit intervals
+    (``module``: a test's wrapper of the CLI that injects a fault)."""
     env = {
         "ENTROLOOP_METRICS_PORT": str(metrics_port),
         "ENTROLOOP_KAFKA_BOOTSTRAP": bootstrap,
@@ -131,7 +132,7 @@ def start_worker(bootstrap: str, prefix: str, tmp: Path, metrics_port: int = 0,
         "ENTROLOOP_ENTROPY_EVIDENCE": "false",
         **(extra_env or {}),
     }
-    worker = WorkerProcess(tmp, module, "worker", "--log-level", "info", env=env)
+    worker = WorkerProcess(tmp, module, "worker", "--log-level", "info", "--role", role, env=env, name=f"worker-{role}")
     return worker, worker.log_path
 
 

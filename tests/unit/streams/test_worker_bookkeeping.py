@@ -280,3 +280,32 @@ def test_the_worker_counts_records_ahead_of_its_clock_and_names_the_node_once_a_
     assert streams.events_ahead == 4  # the fast node's 2 audits, in both batches
     warnings = [r.getMessage() for r in caplog.records if "ahead of this worker's clock" in r.getMessage()]
     assert len(warnings) == 1 and "node-fast-clock" in warnings[0] and "by up to 3600 s" in warnings[0]
+
+
+def test_an_aggregating_processor_in_a_group_of_several_workers_is_reported_not_silent(caplog) -> None:
+    """Topics are keyed by request id: a worker that holds some partitions sees some requests. The
+    aggregating processors (fallback rates, rule counts, retrain triggers) then count a share under
+    the same window ids as the other workers': the worker says so (Health and a logged error)."""
+    from entroloop.contract.settings import Settings
+    from entroloop.streams.defaults import default_processors
+
+    streams = object.__new__(StreamsApp)  # only the attributes the check reads
+    streams.config = StreamsConfig(bootstrap="unused", topic_prefix="p.", partitions=6)
+    streams.processors = default_processors(Settings(), with_intent=False)
+    streams._partial_logged_at = float("-inf")
+    streams.app = type("App", (), {"conf": type("Conf", (), {"id": "entroloop-streams"})()})()
+    topics = {"entroloop.audit.v1", "entroloop.fallbacks.v1", "entroloop.badcases.v1", "entroloop.tokens.v1",
+              "entroloop.feedback.v1"}
+    everything = [TP(f"p.{t}", n) for t in topics for n in range(6)]
+    assert set(streams.partitions_not_held(everything).values()) == {0}
+    assert set(streams.partitions_not_held(everything)) == {"fallback_rates", "response_rules", "retrain_triggers"}
+    assert streams.partitions_not_held([]) == {}  # nothing assigned (a rebalance): nothing to say yet
+    half = [tp for tp in everything if tp.partition < 3]
+    missing = streams.partitions_not_held(half)
+    assert missing == {"fallback_rates": 6, "response_rules": 3, "retrain_triggers": 6}  # 3 per input topic
+    with caplog.at_level("ERROR", logger="entroloop.streams.app"):
+        streams._warn_partial_aggregates(missing)
+        streams._warn_partial_aggregates(missing)  # at most once a minute
+        streams._warn_partial_aggregates(streams.partitions_not_held(everything))
+    errors = [r.getMessage() for r in caplog.records if "--role aggregates" in r.getMessage()]
+    assert len(errors) == 1 and "fallback_rates" in errors[0] and "entroloop-streams" in errors[0]
