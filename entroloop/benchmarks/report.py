@@ -70,7 +70,7 @@ HOW_TO = {
     "sinks": "`entroloop bench sinks` — one sink process inserting into chDB; Parquet writing; audit verification.",
     "collector": "`entroloop bench collector` — the same engine and workload without the entropy tap, with it, and with top-20 logprobs + host entropy, for a tiny model and one of Qwen2.5-0.5B's shape (random weights); the entropy reduction alone per form.",
     "publisher": "`entroloop bench publisher` — hot-path enqueue latency and throughput of the serving-side publisher, against a bare confluent-kafka Producer in the same runs.",
-    "workers": "`entroloop bench workers` — `entroloop worker` (Faust) and a plain confluent-kafka loop with the same processors draining the same fleet events, one process each.",
+    "workers": "`entroloop bench workers` — `entroloop worker` (Faust), a plain confluent-kafka loop with the same processors, and the same worker with processors that do nothing (its transport alone), draining the same fleet events, one process each.",
     "lag": "`entroloop bench lag` — emit → queryable lag per event through the pipeline at a fixed request rate.",
 }
 
