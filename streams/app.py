@@ -92,7 +92,7 @@ from entroloop.contract.codec import (
     CodecError,
     RecordTooLarge,
     dead_letter_at,
-    decode,
+    decode_many,
     encode,
     failure_fields,
 )
@@ -470,19 +470,18 @@ class StreamsApp:
     ) -> tuple[list[tuple[Event, Any]], list[DeadLetter]]:
         records: list[tuple[Event, Any]] = []
         dead: list[DeadLetter] = []
-        for event in events:
+        values: list[bytes] = [event.value or b"" for event in events]
+        # The sinks' batch decoder: the same checks as ``decode`` per record, the id and time checks
+        # in a few passes over the batch, the clock read once, the garbage collector paused.
+        for event, value, item in zip(events, values, decode_many(values, self.config.max_record_bytes), strict=True):
             message = event.message
-            value: bytes = event.value or b""
-            try:
-                record = decode(value, self.config.max_record_bytes)
-                if not isinstance(record, record_type):
-                    err = CodecError(f"a {type(record).__name__} record on topic {topic}")
-                    err.error_type = "wrong_topic"
-                    raise err
-            except CodecError as err:
-                dead.append(self.dead_letter(topic, message.partition, message.offset, message.key, value, err))
+            if not isinstance(item, CodecError) and not isinstance(item, record_type):
+                item = CodecError(f"a {type(item).__name__} record on topic {topic}")
+                item.error_type = "wrong_topic"
+            if isinstance(item, CodecError):
+                dead.append(self.dead_letter(topic, message.partition, message.offset, message.key, value, item))
                 continue
-            records.append((record, message))
+            records.append((item, message))
         self.counts["records"] += len(records)
         self.counts["dead_letters"] += len(dead)
         return records, dead

@@ -6,7 +6,7 @@ of their own (a fresh prefix each, so neither sees the other's outputs):
 
 - ``faust``: ``entroloop worker`` (``entroloop.streams.app``), the deployment's worker;
 - ``plain``: :func:`plain_loop` below: one confluent-kafka consumer on the same input topics, each
-  poll batch decoded with ``entroloop.contract.codec`` and handed to the same processors
+  poll batch decoded with ``entroloop.contract.codec.decode_many`` (as the worker does) and handed to the same processors
   (``entroloop.streams.defaults.default_processors``), outputs produced to their topics, the producer flushed
   and the offsets committed every second (at-least-once, like the worker);
 - ``transport``: the same ``entroloop worker`` with processors that do nothing (same inputs, no
@@ -296,7 +296,7 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
 
     from confluent_kafka import Consumer, Producer
 
-    from entroloop.contract.codec import CodecError, decode, encode
+    from entroloop.contract.codec import CodecError, decode_many, encode
     from entroloop.contract.settings import load_settings
     from entroloop.contract.topics import TOPIC_BY_NAME, TOPIC_BY_TYPE
     from entroloop.infra.gc_policy import tune_for_streaming
@@ -325,13 +325,12 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
             messages = consumer.consume(batch_size, timeout=0.2)
             by_type: dict[type, list[Any]] = defaultdict(list)
             newest: dict[type, dict[tuple[str, int], float]] = defaultdict(dict)  # per partition, as the worker
-            for message in messages:
-                if message.error():
-                    continue
+            messages = [message for message in messages if not message.error()]
+            # the worker's batch decoder (entroloop.streams.app._decode_batch)
+            decoded = decode_many([message.value() for message in messages], settings.max_record_bytes)
+            for message, record in zip(messages, decoded, strict=True):
                 name = message.topic().removeprefix(prefix)
-                try:
-                    record = decode(message.value(), settings.max_record_bytes)
-                except CodecError:
+                if isinstance(record, CodecError):
                     continue  # the worker would publish a dead letter; the fleet sends none
                 if isinstance(record, TOPIC_BY_NAME[name].record_type):
                     by_type[type(record)].append(record)
@@ -365,8 +364,8 @@ def plain_loop(stop: Callable[[], bool] = lambda: False, batch_size: int = 500, 
 def faust_transport() -> None:
     """``entroloop worker`` (the deployment's command line) with every processor's batch and
     watermark work replaced by nothing: same subscriptions, no outputs, no state."""
-    import entroloop.streams.defaults as defaults
     from entroloop.cli import main as cli_main
+    from entroloop.streams import defaults
 
     every_processor = defaults.default_processors
 

@@ -98,7 +98,11 @@ def register(app: typer.Typer) -> None:
         """
         from entroloop.infra.metrics import serve_metrics
         from entroloop.streams.app import build_streams_app
-        from entroloop.streams.defaults import APP_ID_OF_ROLE, WORKER_ROLES, processors_for_role
+        from entroloop.streams.defaults import (
+            APP_ID_OF_ROLE,
+            WORKER_ROLES,
+            processors_for_role,
+        )
 
         if role not in WORKER_ROLES:
             raise typer.BadParameter(f"{role!r}: choose one of {', '.join(WORKER_ROLES)}", param_hint="--role")

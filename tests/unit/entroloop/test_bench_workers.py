@@ -57,8 +57,9 @@ def test_the_faust_variant_starts_the_worker_with_options_the_cli_accepts() -> N
 def test_the_transport_variant_runs_the_worker_command_with_processors_that_do_nothing(monkeypatch) -> None:
     import sys
 
-    import entroloop.cli as cli
-    import entroloop.streams.defaults as defaults
+    from entroloop.streams import defaults
+
+    from entroloop import cli
     from entroloop.contract.codec import decode
     from entroloop.contract.settings import Settings
 

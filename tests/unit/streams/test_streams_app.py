@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -62,14 +63,19 @@ def test_poison_and_wrong_topic_records_become_dead_letters() -> None:
     stamper = NodeStamper("n")
     good = Feedback(**stamper.stamp(), request_id="r1", rating=1)
     span = Span(**stamper.stamp(), request_id="r2", span_id="s", name="x", start_time=0, end_time=1)
+    stale = Feedback(**{**stamper.stamp(), "emitted_at": time.time() - 100 * 86_400}, request_id="r3", rating=1)
+    later = Feedback(**stamper.stamp(), request_id="r4", rating=0)
     events = [
         FakeEvent(FakeMessage(0, 10, b"r1"), codec.encode(good)),
         FakeEvent(FakeMessage(0, 11, b"bad"), b"\xc1"),
         FakeEvent(FakeMessage(0, 12, b"r2"), codec.encode(span)),
+        FakeEvent(FakeMessage(0, 13, b"r3"), codec.encode(stale)),
+        FakeEvent(FakeMessage(0, 14, b"r4"), codec.encode(later)),
     ]
     records, dead = streams._decode_batch(Feedback.topic, Feedback, events)
-    assert [r.event_id for r, _ in records] == [good.event_id]
-    assert [(d.source_offset, d.error_type) for d in dead] == [(11, "malformed"), (12, "wrong_topic")]
+    assert [(r.event_id, m.offset) for r, m in records] == [(good.event_id, 10), (later.event_id, 14)]
+    assert [(d.source_offset, d.error_type) for d in dead] == [
+        (11, "malformed"), (12, "wrong_topic"), (13, "out_of_time_window")]
     again = streams.dead_letter(Feedback.topic, 0, 11, b"bad", b"\xc1", codec.MalformedRecord("x"))
     assert again.event_id == dead[0].event_id, "a redelivered poison record gets the same dead-letter id"
 

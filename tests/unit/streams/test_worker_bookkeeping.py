@@ -286,8 +286,9 @@ def test_an_aggregating_processor_in_a_group_of_several_workers_is_reported_not_
     """Topics are keyed by request id: a worker that holds some partitions sees some requests. The
     aggregating processors (fallback rates, rule counts, retrain triggers) then count a share under
     the same window ids as the other workers': the worker says so (Health and a logged error)."""
-    from entroloop.contract.settings import Settings
     from entroloop.streams.defaults import default_processors
+
+    from entroloop.contract.settings import Settings
 
     streams = object.__new__(StreamsApp)  # only the attributes the check reads
     streams.config = StreamsConfig(bootstrap="unused", topic_prefix="p.", partitions=6)

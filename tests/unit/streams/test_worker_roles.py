@@ -5,13 +5,7 @@ one worker of their own (`entroloop worker --role aggregates`)."""
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
-
-from entroloop.cli import app
 from entroloop.collectors.synthetic_fleet import SyntheticFleet
-from entroloop.contract.records import Health
-from entroloop.contract.settings import Settings
-from entroloop.contract.topics import partition_for
 from entroloop.streams.defaults import (
     APP_ID_OF_ROLE,
     WORKER_ROLES,
@@ -19,6 +13,12 @@ from entroloop.streams.defaults import (
     processors_for_role,
 )
 from entroloop.streams.fallback_rates import FallbackRateMonitor
+from typer.testing import CliRunner
+
+from entroloop.cli import app
+from entroloop.contract.records import Health
+from entroloop.contract.settings import Settings
+from entroloop.contract.topics import partition_for
 
 
 def names(processors) -> set[str]:
