@@ -725,6 +725,9 @@ def pipeline_dashboard() -> dict[str, Any]:
     panels = [
         _health_metric("Consumer lag (messages)", "consumer_lag", "short", "no stream worker reported consumer lag (embedded mode has no Kafka)"),
         _health_metric("Last commit age", "last_commit_age_s", "s", "no stream worker reported its last commit (embedded mode has no Kafka)"),
+        _health_metric("Aggregating processors: input partitions another worker holds (should be 0)",
+                       "aggregate_partitions_not_held", "short",
+                       "no stream worker runs aggregating processors under Kafka (embedded mode has no Kafka)"),
         _health_metric("Publisher spool size", "spool_bytes", "bytes", "no serving node reported its spool (nothing spooled, or embedded mode)"),
         panel(
             "Sink lag (inserted_at − emitted_at) p50 / p99 by table", "table",
