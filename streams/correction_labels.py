@@ -25,6 +25,8 @@ reformatting (the house style, fixed by a formatter) or a wrong answer (what ret
 
 from __future__ import annotations
 
+import functools
+
 import re
 import unicodedata
 from collections import Counter
@@ -129,6 +131,13 @@ class Quantity(msgspec.Struct, frozen=True):
 
 def quantities_in(text: str) -> list[Quantity]:
     """Every number outside dates, with multiplier (万, million) and unit or currency, in order."""
+    return list(_quantities_in(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _quantities_in(text: str) -> tuple[Quantity, ...]:
+    # Cached like rules._date_spans, for the same reason: one bad case asks for the numbers of its
+    # response and correction five times (labels, content tokens, the minimal failing example).
     blanked = without_dates(text)
     out = []
     for m in _QUANTITY_RE.finditer(blanked):
@@ -145,7 +154,7 @@ def quantities_in(text: str) -> list[Quantity]:
         unit = _UNIT_CANON.get(unit_text, "") or _PREFIX_CURRENCY.get(pre, "")
         raw = m.group("num") + (m.group("mul") or "")
         out.append(Quantity(m.start(), m.end(), raw, value.normalize(), unit, unit_text or pre))
-    return out
+    return tuple(out)
 
 
 # --- content (the "fact" test) --------------------------------------------------------------
