@@ -571,16 +571,25 @@ class StreamsApp:
     def _input_names(self, processor: Processor) -> set[str]:
         return {TOPIC_BY_TYPE[t].name for t in processor.inputs}
 
-    def partitions_not_held(self, assignment: Iterable[Any]) -> dict[str, int]:
+    def partitions_not_held(self, assignment: Iterable[Any],
+                            partition_count: Callable[[str], int | None] = lambda topic: None) -> dict[str, int]:
         """Per aggregating processor (``needs_every_partition``), the partitions of its inputs this
-        worker does not hold; more than 0 while it holds any: other workers of its group read them,
-        so its windows and trigger counts are partial ({} while nothing is assigned: a rebalance)."""
+        worker does not hold; more than 0 while it holds some: other workers of its group read the
+        rest, so its windows and trigger counts are partial ({} while it holds none: a rebalance, or
+        an idle worker). ``partition_count``: a topic's partitions as the broker says (full name),
+        else ``ENTROLOOP_PARTITIONS``."""
         prefix = self.config.topic_prefix
-        held = Counter(tp.topic.removeprefix(prefix) for tp in assignment)
+        aggregating = [p for p in self.processors if p.needs_every_partition]
+        inputs = set().union(*(self._input_names(p) for p in aggregating)) if aggregating else set()
+        held = Counter(name for name in (tp.topic.removeprefix(prefix) for tp in assignment) if name in inputs)
         if not held:
             return {}
-        return {p.name: sum(max(0, self.config.partitions - held[t]) for t in self._input_names(p))
-                for p in self.processors if p.needs_every_partition}
+
+        def missing(topic: str) -> int:
+            total = partition_count(prefix + topic) or self.config.partitions
+            return max(0, total - held[topic])
+
+        return {p.name: sum(missing(t) for t in self._input_names(p)) for p in aggregating}
 
     def _warn_partial_aggregates(self, missing: dict[str, int]) -> None:
         partial = {name: n for name, n in missing.items() if n}
@@ -803,7 +812,7 @@ class StreamsApp:
         records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
                               metric="events_ahead_of_clock", value=float(self.events_ahead),
                               labels={"app": self.app.conf.id}))
-        missing = self.partitions_not_held(list(consumer.assignment()))
+        missing = self.partitions_not_held(list(consumer.assignment()), consumer.topic_partitions)
         self._warn_partial_aggregates(missing)
         for name, count in sorted(missing.items()):
             records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",

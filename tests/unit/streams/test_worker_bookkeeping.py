@@ -310,3 +310,18 @@ def test_an_aggregating_processor_in_a_group_of_several_workers_is_reported_not_
         streams._warn_partial_aggregates(streams.partitions_not_held(everything))
     errors = [r.getMessage() for r in caplog.records if "--role aggregates" in r.getMessage()]
     assert len(errors) == 1 and "fallback_rates" in errors[0] and "entroloop-streams" in errors[0]
+
+
+def test_the_partition_count_comes_from_the_broker_when_it_knows_it() -> None:
+    from entroloop.contract.settings import Settings
+    from entroloop.streams.defaults import default_processors
+
+    streams = object.__new__(StreamsApp)
+    streams.config = StreamsConfig(bootstrap="unused", topic_prefix="p.", partitions=6)
+    streams.processors = default_processors(Settings(), with_intent=False)
+    audits = [TP("p.entroloop.audit.v1", n) for n in range(6)]
+    # topics created with 12 partitions elsewhere: 6 held are half of them
+    assert streams.partitions_not_held(audits, lambda topic: 12)["response_rules"] == 6
+    assert streams.partitions_not_held(audits, lambda topic: None)["response_rules"] == 0
+    # a worker that holds none of the aggregating inputs (only tokens) has nothing to report
+    assert streams.partitions_not_held([TP("p.entroloop.tokens.v1", 0)]) == {}
