@@ -313,8 +313,9 @@ def test_an_aggregating_processor_in_a_group_of_several_workers_is_reported_not_
 
 
 def test_the_partition_count_comes_from_the_broker_when_it_knows_it() -> None:
-    from entroloop.contract.settings import Settings
     from entroloop.streams.defaults import default_processors
+
+    from entroloop.contract.settings import Settings
 
     streams = object.__new__(StreamsApp)
     streams.config = StreamsConfig(bootstrap="unused", topic_prefix="p.", partitions=6)
