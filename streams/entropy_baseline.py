@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import accumulate
 
 import msgspec
 import numpy as np
@@ -66,11 +68,13 @@ class HistogramQuantileSketch(msgspec.Struct):
         """Quantiles by linear interpolation inside the bin where the cumulative weight crosses q."""
         if self.total <= 0:
             return [math.nan for _ in qs]
-        cumulative = np.cumsum(self.counts)
+        # The same running sums as np.cumsum, without turning ~800 Python floats into an array
+        # first (two thirds of the call's time: bands recompute their quantiles while they learn).
+        cumulative = list(accumulate(self.counts))
         out = []
         for q in qs:
             target = q * self.total
-            index = int(np.searchsorted(cumulative, target, side="left"))
+            index = bisect_left(cumulative, target)  # np.searchsorted(..., side="left")
             index = min(index, len(self.counts) - 1)
             before = cumulative[index - 1] if index else 0.0
             weight = self.counts[index]
