@@ -50,6 +50,16 @@ class Processor:
         """Called when event time has advanced to ``event_time``; emit what that closes."""
         return []
 
+    def snapshot(self) -> bytes | None:
+        """The whole state as bytes, for a processor whose counts span many records (open windows):
+        the Faust worker keeps the newest one with the input offsets it covers, so a restarted worker
+        resumes exact counts (``entroloop.streams.aggregate_snapshots``). None: nothing to keep."""
+        return None
+
+    def restore(self, snapshot: bytes) -> None:
+        """Replace the state with one that ``snapshot`` returned."""
+        raise NotImplementedError(f"{self.name} keeps no snapshot")
+
 
 def derive(source: Event, record_type: type[E], index: int, processor: str, /, **fields: Any) -> E:
     """Build a record derived from ``source`` with a deterministic id, node and seq.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import msgspec
 from entroloop.streams.base import Processor, derive
 from entroloop.streams.windowing import synthesize, window_start
 
@@ -35,6 +36,19 @@ from entroloop.contract.settings import Settings
 MINUTE = 60.0
 HOP_WINDOW_MINUTES = 5
 ALL_TIERS = "*"
+
+
+class FallbackRatesSnapshot(msgspec.Struct, array_like=True):
+    """``FallbackRateMonitor``'s state: per-minute counts of the open windows, open breakers."""
+
+    fallbacks: list[tuple[str, str, str, float, int]]  # model, route, tier, minute start, fallbacks
+    requests: list[tuple[str, str, float, int]]  # model, route, minute start, requests
+    open_breakers: list[tuple[str, str, str]]
+    closed_minute: float
+    late_events: int
+
+
+_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(FallbackRatesSnapshot)
 
 
 class FallbackRateMonitor(Processor):
@@ -76,6 +90,26 @@ class FallbackRateMonitor(Processor):
             grace_s=settings.window_grace_s,
             sources=settings.fallback_rate_sources or None,
         )
+
+    def snapshot(self) -> bytes:
+        return msgspec.msgpack.encode(FallbackRatesSnapshot(
+            fallbacks=[(*key, minute, n) for key, minutes in self.fallbacks.items() for minute, n in minutes.items()],
+            requests=[(*key, minute, n) for key, minutes in self.requests.items() for minute, n in minutes.items()],
+            open_breakers=sorted(self.open_breakers),
+            closed_minute=self.closed_minute,
+            late_events=self.late_events,
+        ))
+
+    def restore(self, snapshot: bytes) -> None:
+        state = _SNAPSHOT_DECODER.decode(snapshot)
+        self.fallbacks, self.requests = {}, {}
+        for model, route, tier, minute, n in state.fallbacks:
+            self.fallbacks.setdefault((model, route, tier), {})[minute] = n
+        for model, route, minute, n in state.requests:
+            self.requests.setdefault((model, route), {})[minute] = n
+        self.open_breakers = {tuple(key) for key in state.open_breakers}
+        self.closed_minute = state.closed_minute
+        self.late_events = state.late_events
 
     # --- ingest ----------------------------------------------------------------------------------
 

@@ -11,12 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import msgspec
 from entroloop.streams.base import Processor, derive
 from entroloop.streams.rules import COMPLIANCE, ResponseRules
 from entroloop.streams.windowing import synthesize, window_start
 
 from entroloop.contract.records import Alert, Audit, Event, Health
 from entroloop.contract.settings import Settings
+
+
+class ResponseRulesSnapshot(msgspec.Struct, array_like=True):
+    """``ResponseRuleChecker``'s state: the open periods' counts."""
+
+    counts: list[tuple[float, str, str, dict[str, int]]]  # window start, model, route, {rule: responses}
+    closed_until: float
+    late_events: int
+
+
+_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(ResponseRulesSnapshot)
 
 
 class ResponseRuleChecker(Processor):
@@ -55,6 +67,19 @@ class ResponseRuleChecker(Processor):
             period_s=settings.rule_count_period_s,
             grace_s=settings.window_grace_s,
         )
+
+    def snapshot(self) -> bytes:
+        return msgspec.msgpack.encode(ResponseRulesSnapshot(
+            counts=[(*key, bucket) for key, bucket in self.counts.items()],
+            closed_until=self.closed_until,
+            late_events=self.late_events,
+        ))
+
+    def restore(self, snapshot: bytes) -> None:
+        state = _SNAPSHOT_DECODER.decode(snapshot)
+        self.counts = {(start, model, route): bucket for start, model, route, bucket in state.counts}
+        self.closed_until = state.closed_until
+        self.late_events = state.late_events
 
     def process(self, record: Event) -> list[Event]:
         if not isinstance(record, Audit):

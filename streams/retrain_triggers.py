@@ -17,6 +17,7 @@ other condition, a redelivered bad case or a replay never emits a second one for
 
 from __future__ import annotations
 
+import msgspec
 from entroloop.streams.base import Processor
 from entroloop.streams.windowing import synthesize, window_start
 
@@ -24,6 +25,21 @@ from entroloop.contract.records import Audit, BadCase, Event, RetrainRequest
 from entroloop.contract.settings import Settings
 
 NOT_CATEGORIES = frozenset({"regression"})
+
+
+class RetrainTriggersSnapshot(msgspec.Struct, array_like=True):
+    """``RetrainTrigger``'s state: the open windows' counts, the keys already triggered, the bad
+    cases already counted."""
+
+    requests: list[tuple[str, str, float, int]]  # model, adapter, window start, audited requests
+    bad_cases: list[tuple[str, str, str, float, int, int]]  # ... category, window start, bad cases, high-confidence
+    emitted: dict[str, float]
+    seen_bad_cases: dict[str, float]
+    closed_until: float
+    late_events: int
+
+
+_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(RetrainTriggersSnapshot)
 
 
 class RetrainTrigger(Processor):
@@ -71,6 +87,26 @@ class RetrainTrigger(Processor):
             window_s=settings.retrain_window_s,
             grace_s=settings.window_grace_s,
         )
+
+    def snapshot(self) -> bytes:
+        return msgspec.msgpack.encode(RetrainTriggersSnapshot(
+            requests=[(*key, n) for key, n in self.requests.items()],
+            bad_cases=[(*key, counts[0], counts[1]) for key, counts in self.bad_cases.items()],
+            emitted=self.emitted,
+            seen_bad_cases=self.seen_bad_cases,
+            closed_until=self.closed_until,
+            late_events=self.late_events,
+        ))
+
+    def restore(self, snapshot: bytes) -> None:
+        state = _SNAPSHOT_DECODER.decode(snapshot)
+        self.requests = {(model, adapter, start): n for model, adapter, start, n in state.requests}
+        self.bad_cases = {(model, adapter, category, start): [n, confident]
+                          for model, adapter, category, start, n, confident in state.bad_cases}
+        self.emitted = state.emitted
+        self.seen_bad_cases = state.seen_bad_cases
+        self.closed_until = state.closed_until
+        self.late_events = state.late_events
 
     @staticmethod
     def trigger_key(model: str, adapter: str, category: str, start: float, window_s: float) -> str:
