@@ -44,6 +44,11 @@ and its inputs are replayed): so a processor with durable state makes its output
 handed the same inputs again (the bad-case join re-makes the bad cases of a joined request; the
 entropy carry re-judges a chunk), under the same event ids, which the sinks absorb.
 
+Counts over many requests (a processor that implements ``snapshot``: the aggregating ones) are kept
+otherwise, since a count is not idempotent: after each batch that reached it, one changelog record
+holds its whole state and the input offsets that state covers, and a restarted worker restores it
+and skips what it covers (``entroloop.streams.aggregate_snapshots``).
+
 Cost per event (``entroloop bench workers``): outputs and changelog records go straight to the
 producer, one aiokafka batch per topic partition (``_produce``: no future per record; lingering
 ``producer_linger_s`` to gather them), not through ``Topic.send`` and its per-message futures and
@@ -73,6 +78,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+from entroloop.streams.aggregate_snapshots import KEY as SNAPSHOT_KEY
+from entroloop.streams.aggregate_snapshots import PARTITION as SNAPSHOT_PARTITION
+from entroloop.streams.aggregate_snapshots import SnapshotKeeper, keeps_snapshots
 from entroloop.streams.base import Processor, derive
 from entroloop.streams.faust_batches import finish_before_cancel
 from entroloop.streams.faust_delivery import DeliveryGuard
@@ -371,6 +379,7 @@ class StreamsApp:
             for p in self.processors
         }
         self.table_states: dict[int, TableState[Any]] = {}
+        self.snapshots: dict[int, SnapshotKeeper] = {}
         self._counted: dict[tuple[str, int], int] = {}  # (metric, processor): its running total already counted
         self.events_ahead = 0  # records ahead of this worker's clock (``_count_ahead``)
         self._ahead_logged_at = float("-inf")
@@ -389,6 +398,10 @@ class StreamsApp:
                 state: TableState[Any] = TableState(table, spec)
                 processor.state = state  # type: ignore[attr-defined]
                 self.table_states[id(processor)] = state
+            if keeps_snapshots(processor):  # exact counts across a crash (entroloop.streams.aggregate_snapshots)
+                table = self.app.Table(f"{processor.name}-snapshot", partitions=config.partitions,
+                                       key_type=bytes, value_type=bytes)
+                self.snapshots[id(processor)] = SnapshotKeeper(processor, table)
         self._faust_topics: dict[str, Any] = {}  # prefixed name -> Faust topic (the agents read them)
         self._executors: dict[int, concurrent.futures.Executor] = {}  # blocking processor -> its agent's thread
         self._routes: dict[type[Event], list[Processor]] = defaultdict(list)
@@ -453,6 +466,8 @@ class StreamsApp:
             for processor in processors:  # on the loop: only here may a Faust table change
                 if (state := self.table_states.get(id(processor))) is not None:
                     await self._send_changelog(state)
+                if (keeper := self.snapshots.get(id(processor))) is not None:
+                    await self._send_snapshot(keeper)
 
         async def agent(stream: Any) -> None:
             async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
@@ -514,6 +529,11 @@ class StreamsApp:
         newest: dict[tuple[str, int], float],
     ) -> list[Event]:
         out: list[Event] = []
+        keeper = self.snapshots.get(id(processor))
+        if keeper is not None:  # records its restored state already counted are not counted again
+            keeper.restore_once()
+            batch = keeper.unseen(batch)
+            records = [record for record, _ in batch]
         state = self.table_states.get(id(processor))
         if state is not None:
             # A table-state processor sees one input partition at a time, so each state change
@@ -540,6 +560,8 @@ class StreamsApp:
         out.extend(self._watermark_outputs(processor))
         if state is not None:
             state.seal()  # each key written by the batch encoded once, under the processor's lock
+        if keeper is not None:
+            keeper.cover(batch)
         return out
 
     def _watermark_outputs(self, processor: Processor, caught_up: bool = False) -> list[Event]:
@@ -699,6 +721,25 @@ class StreamsApp:
         await self._produce([(topic, key, raw, partition) for partition, key, raw in records])
         self.counts["changelog"] += len(records)
 
+    async def _send_snapshot(self, keeper: SnapshotKeeper) -> None:
+        """Hand the processor's newest snapshot to the producer if a batch changed it. Taken and
+        handed over one at a time, so the changelog's last record is the newest snapshot."""
+        async with keeper.sending:
+            if not keeper.dirty:
+                return
+            with self._locks[id(keeper.processor)]:
+                raw = keeper.take()
+            limit = self.app.conf.producer_max_request_size
+            if len(raw) > limit - 1024:  # the broker would refuse it, and a refusal stops the commits
+                keeper.unwritten += 1
+                log.error("%s: its snapshot is %d bytes, over the producer's request size (%d): not written; a "
+                          "crash now would lose the counts since the last one written", keeper.processor.name,
+                          len(raw), limit)
+                return
+            topic = keeper.table.changelog_topic.get_topic_name()
+            await self._produce([(topic, SNAPSHOT_KEY, raw, SNAPSHOT_PARTITION)])
+            self.counts["snapshots"] += 1
+
     async def _produce(self, records: Sequence[tuple[str, bytes, bytes, int | None]]) -> None:
         """Hand ``(topic, key, value, partition or None: by key)`` records to the producer, one
         aiokafka batch per topic partition (in order), not one ``send`` (and future) per record.
@@ -793,8 +834,8 @@ class StreamsApp:
 
     def health_records(self) -> list[Health]:
         """Consumer lag per assigned partition, the age of the last commit, the records ahead of this
-        worker's clock, the keys held per durable state table and the late events each windowed
-        processor dropped, as Health records."""
+        worker's clock, the keys held per durable state table, the late events each windowed
+        processor dropped and the size of each aggregating processor's snapshot, as Health records."""
         consumer = self.app.consumer
         now = time.time()
         commit_age = self.commits.age(consumer, self._guarded_topics)
@@ -825,6 +866,11 @@ class StreamsApp:
                 records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
                                       metric="late_events", value=float(late),
                                       labels={"app": self.app.conf.id, "processor": processor.name}))
+            if (keeper := self.snapshots.get(id(processor))) is not None:  # how close to the request size
+                for metric, value in (("snapshot_bytes", keeper.last_bytes), ("snapshots_unwritten", keeper.unwritten)):
+                    records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
+                                          metric=metric, value=float(value),
+                                          labels={"app": self.app.conf.id, "processor": processor.name}))
             state = self.table_states.get(id(processor))
             if state is None:
                 continue
@@ -872,7 +918,8 @@ class StreamsApp:
         from entroloop.infra.kafka_topics import ensure_topics
 
         created = ensure_topics(self.config.bootstrap, self.config.topic_prefix, self.config.partitions)
-        changelogs = [state.table.changelog_topic.get_topic_name() for state in self.table_states.values()]
+        tables = [state.table for state in self.table_states.values()] + [k.table for k in self.snapshots.values()]
+        changelogs = [table.changelog_topic.get_topic_name() for table in tables]
         return created + ensure_changelog_topics(self.config.bootstrap, changelogs, self.config.partitions)
 
     def run(self, loglevel: str = "warn") -> None:

@@ -4,6 +4,7 @@ on_watermark cadence, and table writes coalesced per key per batch."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import namedtuple
 from typing import Any
@@ -326,3 +327,75 @@ def test_the_partition_count_comes_from_the_broker_when_it_knows_it() -> None:
     assert streams.partitions_not_held(audits, lambda topic: None)["response_rules"] == 0
     # a worker that holds none of the aggregating inputs (only tokens) has nothing to report
     assert streams.partitions_not_held([TP("p.entroloop.tokens.v1", 0)]) == {}
+
+
+def _snapshot_streams(limit: int) -> tuple[StreamsApp, list[tuple[str, bytes, bytes, int | None]]]:
+    """A StreamsApp with only what ``_send_snapshot`` reads, its produced records collected."""
+    streams = object.__new__(StreamsApp)
+    streams.app = type("App", (), {"conf": type("Conf", (), {"producer_max_request_size": limit})()})()
+    streams.counts = {"snapshots": 0}
+    streams._locks = {}
+    produced: list[tuple[str, bytes, bytes, int | None]] = []
+    ticks = iter([3])  # the first hand-over waits longest (metadata, a full buffer), later ones not
+
+    async def produce(records: list) -> None:
+        for _ in range(next(ticks, 0) + 1):
+            await asyncio.sleep(0)  # a hand-over that yields, as aiokafka's does
+        produced.extend(records)
+
+    streams._produce = produce
+    return streams, produced
+
+
+def _keeper(streams: StreamsApp, processor: Any) -> Any:
+    from contextlib import nullcontext
+
+    from entroloop.streams.aggregate_snapshots import SnapshotKeeper
+
+    table = type("Table", (), {"data": {}, "changelog_topic": type("T", (), {"get_topic_name": lambda self: "p.snap"})()})()
+    keeper = SnapshotKeeper(processor, table)
+    streams._locks[id(processor)] = nullcontext()
+    return keeper
+
+
+def test_snapshots_reach_the_producer_in_the_order_they_were_taken_and_only_when_changed() -> None:
+    """Two agents (audits, fallbacks) finish batches of one aggregating processor at once: the newest
+    snapshot must be the changelog's last record, so each is taken and handed over in turn."""
+    import msgspec
+    from entroloop.streams.aggregate_snapshots import KEY, PARTITION, CoveredState
+    from entroloop.streams.fallback_rates import FallbackRateMonitor
+
+    streams, produced = _snapshot_streams(limit=1 << 20)
+    keeper = _keeper(streams, FallbackRateMonitor())
+    Message = namedtuple("Message", "topic partition offset")
+
+    async def batch(topic: str, offset: int) -> None:
+        keeper.cover([(None, Message(topic, 0, offset))])
+        await streams._send_snapshot(keeper)
+
+    async def main() -> None:
+        await streams._send_snapshot(keeper)  # nothing processed: nothing written
+        assert produced == []
+        await asyncio.gather(batch("p.audit", 5), batch("p.fallbacks", 9))
+
+    asyncio.run(main())
+    assert [(topic, key, partition) for topic, key, _, partition in produced] == [("p.snap", KEY, PARTITION)] * len(produced)
+    offsets = [msgspec.msgpack.decode(raw, type=CoveredState).offsets for _, _, raw, _ in produced]
+    assert offsets[-1] == {"p.audit:0": 5, "p.fallbacks:0": 9}  # the last one written covers both batches
+    assert all(set(a.items()) <= set(b.items()) for a, b in itertools.pairwise(offsets))  # never older
+    assert streams.counts["snapshots"] == len(produced)
+
+
+def test_a_snapshot_over_the_request_size_is_not_written_and_is_reported(caplog) -> None:
+    """The broker would refuse it, and a refused delivery stops the worker's commits for good."""
+    from entroloop.streams.retrain_triggers import RetrainTrigger
+
+    streams, produced = _snapshot_streams(limit=2048)
+    trigger = RetrainTrigger()
+    trigger.seen_bad_cases = {f"bad-case-{i:06d}": 1e9 for i in range(200)}  # ~4 KB of counted ids
+    keeper = _keeper(streams, trigger)
+    keeper.cover([(None, namedtuple("Message", "topic partition offset")("p.badcases", 0, 1))])
+    with caplog.at_level("ERROR", logger="entroloop.streams.app"):
+        asyncio.run(streams._send_snapshot(keeper))
+    assert produced == [] and keeper.unwritten == 1 and keeper.last_bytes > 2048
+    assert "over the producer's request size" in caplog.text
