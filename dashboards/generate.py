@@ -728,6 +728,11 @@ def pipeline_dashboard() -> dict[str, Any]:
         _health_metric("Aggregating processors: input partitions another worker holds (should be 0)",
                        "aggregate_partitions_not_held", "short",
                        "no stream worker runs aggregating processors under Kafka (embedded mode has no Kafka)"),
+        _health_metric("Aggregating processors: snapshot size (must stay under the producer's request size)",
+                       "snapshot_bytes", "bytes",
+                       "no stream worker runs aggregating processors under Kafka (embedded mode has no Kafka)"),
+        _health_metric("Aggregating processors: snapshots not written (should be 0)", "snapshots_unwritten", "short",
+                       "no stream worker runs aggregating processors under Kafka (embedded mode has no Kafka)"),
         _health_metric("Publisher spool size", "spool_bytes", "bytes", "no serving node reported its spool (nothing spooled, or embedded mode)"),
         panel(
             "Sink lag (inserted_at − emitted_at) p50 / p99 by table", "table",
