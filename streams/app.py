@@ -92,6 +92,7 @@ from entroloop.streams.faust_offsets import (
     stalled_partition_check,
 )
 from entroloop.streams.faust_raw import RawBytesSchema
+from entroloop.streams.faust_recovery_watch import watch_recovery
 from entroloop.streams.stop_watchdog import arm_stop_watchdog
 from entroloop.streams.table_state import TableState, TableStateSpec
 from entroloop.streams.windowing import MAX_AHEAD_OF_CLOCK_S, event_time_ceiling
@@ -935,6 +936,11 @@ class StreamsApp:
                 level = logging.getLevelName(loglevel.upper())
                 if isinstance(level, int):
                     logging.getLogger().setLevel(level)
+
+            async def on_start(self) -> None:
+                await super().on_start()
+                # a table recovery waiting for changelog records that never come is fetched again
+                self.add_future(watch_recovery(self.app))
 
             async def on_stop(self) -> None:
                 # Every way of stopping passes here (a signal, a crashed service); a stop that hangs

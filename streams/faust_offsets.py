@@ -110,11 +110,11 @@ def _redeliver_head(consumer: Any, tp: Any, offset: int) -> bool:
         return False  # called outside the worker's loop (tests of the arithmetic)
     log.warning("offset %s of %s was skipped by Faust and never acknowledged: the commit is held there; "
                 "seeking back to deliver it again", offset, tp)
-    loop.create_task(_seek_on_consumer_thread(consumer, tp, offset))
+    loop.create_task(seek_on_consumer_thread(consumer, tp, offset))
     return True
 
 
-async def _seek_on_consumer_thread(consumer: Any, tp: Any, offset: int) -> None:
+async def seek_on_consumer_thread(consumer: Any, tp: Any, offset: int) -> None:
     """``Consumer.seek``, but run on the consumer's own thread. Faust's ``Consumer.seek`` calls
     aiokafka's ``seek`` from the app's thread while the consumer thread iterates the fetcher's
     records: the seek deleted a partition's entry mid-iteration, the Fetcher crashed with a KeyError
@@ -191,5 +191,5 @@ def guard_consumer_offsets(consumer: Any, guarded_topics: Iterable[str]) -> None
     consumer.perform_seek = seek_with_log_start(consumer, topics, consumer.perform_seek)
 
 
-__all__ = ["ReadOffsets", "guard_consumer_offsets", "seek_with_log_start", "stalled_partition_check",
-           "strict_new_offset"]
+__all__ = ["ReadOffsets", "guard_consumer_offsets", "seek_on_consumer_thread", "seek_with_log_start",
+           "stalled_partition_check", "strict_new_offset"]
