@@ -7,9 +7,9 @@ the snapshot changelogs' partition 0), though the broker had records there and f
 out. Faust only logs ("No event received for active tp ... since recovery start") and waits: a
 worker in recovery processes no stream, so every alert of those minutes was missing. The
 run could not be repeated here (21 runs under CPU load passed); Faust has several ways to lose
-records fetched around a rebalance (a read offset left from an earlier assignment, records dropped
-while flow is suspended, a changelog queue cleared when flow resumes), and each leaves the fetch
-position past records the recovery never saw.
+records fetched around a rebalance (a read offset left from an earlier assignment filters them
+out, records handed over while flow is suspended are dropped, a changelog queue is cleared when
+flow resumes), and after each the consumer never hands those records over again.
 
 ``stalled_recovery_check`` (run by a timer) finds an active changelog partition that is behind the
 high watermark the recovery aims for and has received nothing for ``RECOVERY_STALL_S``, logs what

@@ -113,3 +113,43 @@ def test_property_trigger_keys_are_unique(events: list, threshold: int) -> None:
     out += trig.on_watermark(H0 + 10 * 3600)
     keys = [r.trigger_key for r in _requests(out)]
     assert len(keys) == len(set(keys))
+
+
+def _counted(trig: RetrainTrigger, records: list) -> int:
+    """Bad cases counted in the window of H0 after ``records``."""
+    for record in records:
+        trig.process(record)
+    return sum(counts[0] for key, counts in trig.bad_cases.items() if key[3] == H0)
+
+
+def test_a_snapshot_keeps_an_open_hour_of_bad_cases_in_9_bytes_each() -> None:
+    """The snapshot is one broker record (1 MB): ids as strings cost ~47 bytes a bad case there,
+    so an hour at 6 bad cases a second no longer fit."""
+    trig = RetrainTrigger(bad_case_count=10**9, min_requests=10**9)
+    assert _counted(trig, [bad_case(f"r{i}", ["numbers"], at=H0 + i * 0.05) for i in range(20_000)]) == 20_000
+    per_bad_case = len(trig.snapshot()) / 20_000
+    assert 8.0 <= per_bad_case <= 9.5, per_bad_case
+
+
+def test_a_restored_trigger_does_not_count_a_redelivered_bad_case_twice() -> None:
+    cases = [bad_case(f"r{i}", ["numbers"], at=H0 + i) for i in range(50)]
+    before = RetrainTrigger(bad_case_count=10**9, min_requests=10**9)
+    assert _counted(before, cases[:30]) == 30
+    after = RetrainTrigger(bad_case_count=10**9, min_requests=10**9)
+    after.restore(before.snapshot())
+    assert _counted(after, cases) == 50  # 0..29 delivered again: counted once
+
+
+def test_a_snapshot_written_with_event_ids_is_read_and_still_deduplicates() -> None:
+    """Snapshots of the version before fingerprints kept the ids themselves; a worker upgraded
+    mid-hour reads them instead of starting the hour's counts afresh."""
+    import msgspec
+
+    cases = [bad_case(f"r{i}", ["numbers"], at=H0 + i) for i in range(10)]
+    before = RetrainTrigger(bad_case_count=10**9, min_requests=10**9)
+    _counted(before, cases[:6])
+    fields = msgspec.msgpack.decode(before.snapshot())
+    fields[3] = {c.event_id: H0 + 3600 for c in cases[:6]}  # the old layout: event id -> window end
+    after = RetrainTrigger(bad_case_count=10**9, min_requests=10**9)
+    after.restore(msgspec.msgpack.encode(fields))
+    assert _counted(after, cases) == 10

@@ -392,7 +392,7 @@ def test_a_snapshot_over_the_request_size_is_not_written_and_is_reported(caplog)
 
     streams, produced = _snapshot_streams(limit=2048)
     trigger = RetrainTrigger()
-    trigger.seen_bad_cases = {f"bad-case-{i:06d}": 1e9 for i in range(200)}  # ~4 KB of counted ids
+    trigger.seen_bad_cases = {2**63 + i: 1e9 for i in range(400)}  # ~3.6 KB of counted fingerprints
     keeper = _keeper(streams, trigger)
     keeper.cover([(None, namedtuple("Message", "topic partition offset")("p.badcases", 0, 1))])
     with caplog.at_level("ERROR", logger="entroloop.streams.app"):
