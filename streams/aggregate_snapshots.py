@@ -16,9 +16,10 @@ order they were taken, so the newest one in the changelog covers every committed
 restarted worker restores it before its first batch and skips, for that processor only, every
 record at or below the offset it covers: whatever the crash interrupted, each record counts once.
 Outputs made again (a window closed after the snapshot) carry the same event ids and counts.
-The snapshot is restored by the processor's first batch after the start (idle windows close only
-once events came, so nothing closes before it); a worker restarted into silence publishes the
-restored windows when traffic resumes.
+The snapshot is restored by the processor's first batch after the start, or by the worker's idle
+timer when no record comes: a worker restarted into silence restores the newest event time its
+inputs had delivered with the windows, and closes them once its inputs have been silent and caught
+up for ``ENTROLOOP_STREAMS_WATERMARK_IDLE_S``, as the worker it replaces would have.
 
 Stored in a Faust table of one key in changelog partition 0 (compacted: recovery reads one record),
 recovered by Faust before the agents get records. One worker per aggregating processor (``entroloop
@@ -46,10 +47,13 @@ PARTITION = 0
 
 
 class CoveredState(msgspec.Struct, array_like=True):
-    """A processor's snapshot and, per input partition (``topic:partition``), the last offset it covers."""
+    """A processor's snapshot and, per input partition (``topic:partition``), the last offset it
+    covers; ``event_time``: the newest event time its inputs had delivered (absent from snapshots
+    written before it was kept: never heard of)."""
 
     offsets: dict[str, int]
     state: bytes
+    event_time: float = float("-inf")
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -64,6 +68,7 @@ class SnapshotKeeper:
         self.table = table
         self.covered: dict[tuple[str, int], int] = {}
         self.restored = False
+        self.event_time = float("-inf")  # the restored snapshot's newest event time
         self.dirty = False  # records processed since the last snapshot taken
         self.skipped = 0  # records a restored snapshot already covered
         self.last_bytes = 0  # size of the newest snapshot taken (Health ``snapshot_bytes``)
@@ -91,6 +96,7 @@ class SnapshotKeeper:
                           "windows open at the last stop count only what comes next", self.processor.name, len(raw))
             return
         self.covered = offsets
+        self.event_time = covered.event_time
         log.info("%s: state restored, covering %d input partitions", self.processor.name, len(offsets))
 
     def unseen(self, batch: Sequence[tuple[Event, Any]]) -> list[tuple[Event, Any]]:
@@ -110,12 +116,13 @@ class SnapshotKeeper:
                 covered[key] = message.offset
         self.dirty = self.dirty or bool(batch)
 
-    def take(self) -> bytes:
+    def take(self, event_time: float = float("-inf")) -> bytes:
         """The snapshot as its changelog value, also written to the table's store (what a
-        rebalance onto this worker would recover)."""
+        rebalance onto this worker would recover). ``event_time``: the newest its inputs delivered."""
         raw = _ENCODER.encode(CoveredState(
             offsets={f"{topic}:{partition}": offset for (topic, partition), offset in self.covered.items()},
             state=self.processor.snapshot() or b"",
+            event_time=event_time,
         ))
         store = self.table.data
         store[KEY] = raw

@@ -226,6 +226,11 @@ class WatermarkCadence:
     def started(self) -> bool:
         return bool(self._newest)
 
+    @property
+    def newest_heard(self) -> float:
+        """The newest event time any source delivered (-inf before the first)."""
+        return max((t for t, _ in self._newest.values()), default=float("-inf"))
+
     def expect(self, sources: Iterable[Any]) -> None:
         """Wait for ``sources`` (partitions with records not yet read) not heard from yet."""
         now = self.clock()
@@ -633,6 +638,7 @@ class StreamsApp:
         (``WatermarkCadence``), so the last windows close and their alerts go out without waiting
         for the next request. Run where the processor's batches run: on the loop, or for a blocking
         one in its agent's thread."""
+        self._restore_into_silence()
         idle = [p for p in self.processors if self._watermarks[id(p)].idle()]
         if not idle or not await self._caught_up(set().union(*(self._input_names(p) for p in idle))):
             return
@@ -650,6 +656,22 @@ class StreamsApp:
             await self._send_all(outputs)  # before the state changes that made them, as in a batch
             if (state := self.table_states.get(id(processor))) is not None:
                 await self._send_changelog(state)
+
+    def _restore_into_silence(self) -> None:
+        """A restarted worker that no record reaches (its inputs were all committed before the
+        restart) restores each aggregating processor's snapshot here instead of on the first batch,
+        and starts its event time from the snapshot's newest one: the restored windows then close
+        once the inputs have been silent and caught up for ``idle_s``, as the worker it replaces
+        would have closed them. Timers run once Faust's first recovery is done, so the snapshot
+        table is complete."""
+        for processor in self.processors:
+            keeper, cadence = self.snapshots.get(id(processor)), self._watermarks[id(processor)]
+            if keeper is None or keeper.restored or cadence.started:
+                continue
+            with self._locks[id(processor)]:
+                keeper.restore_once()
+            if keeper.event_time > float("-inf"):
+                cadence.note(keeper.event_time)
 
     async def _caught_up(self, topics: set[str]) -> bool:
         """True when the broker answers and no assigned partition of ``topics`` has a record past
@@ -729,7 +751,7 @@ class StreamsApp:
             if not keeper.dirty:
                 return
             with self._locks[id(keeper.processor)]:
-                raw = keeper.take()
+                raw = keeper.take(self._watermarks[id(keeper.processor)].newest_heard)
             limit = self.app.conf.producer_max_request_size
             if len(raw) > limit - 1024:  # the broker would refuse it, and a refusal stops the commits
                 keeper.unwritten += 1

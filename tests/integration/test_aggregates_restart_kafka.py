@@ -98,3 +98,46 @@ def test_an_aggregates_worker_killed_mid_minute_publishes_the_whole_minute(
     assert published, f"no window for {start:.0f}\n{logs}"
     assert set(windows) == {("300", "30")}, f"published {windows}, expected the whole minute 300 / 30\n{logs}"
     assert "state restored" in restarted.log_text(), logs
+
+
+def test_an_aggregates_worker_restarted_into_silence_publishes_the_restored_minute(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """Killed after its whole minute was committed, restarted with no record to come: no batch
+    reaches the restarted worker, so the snapshot is restored by its idle timer, with the newest
+    event time, and the minute closes once the inputs have been silent for ``idle_s`` (before, it
+    waited for the next request: minutes or hours on a quiet deployment)."""
+    settings = Settings()
+    ensure_topics(kafka_bootstrap, topic_prefix, settings.partitions)
+    start = float(int((time.time() - 600) // 60 * 60))
+    minute = [r for r in _backlog(start) if r.emitted_at < start + 60]
+    health = TopicReader(kafka_bootstrap, topic_prefix + Health.topic)
+    (tmp_path / "before").mkdir()
+    (tmp_path / "after").mkdir()
+    # The first worker must not close the minute itself: silence does not advance its event time.
+    worker, _ = start_worker(kafka_bootstrap, topic_prefix, tmp_path / "before", role="aggregates",
+                             extra_env={"ENTROLOOP_STREAMS_WATERMARK_IDLE_S": "3600"})
+    restarted = None
+    try:
+        publish(kafka_bootstrap, topic_prefix, minute)
+        counts = {Audit.topic: sum(isinstance(r, Audit) for r in minute),
+                  Fallback.topic: sum(isinstance(r, Fallback) for r in minute)}
+        _wait_committed(kafka_bootstrap, topic_prefix, counts, worker, settings.partitions)
+        time.sleep(1.0)  # commits follow the snapshot's hand-over; let the last one settle too
+        worker.kill()
+        health.read_until(lambda records: False, timeout=0.5)
+        assert not _minute(health.records, start), "the first worker closed the minute: nothing to restore"
+        restarted, _ = start_worker(kafka_bootstrap, topic_prefix, tmp_path / "after", role="aggregates",
+                                    extra_env={"ENTROLOOP_STREAMS_WATERMARK_IDLE_S": "2"})
+        published = health.read_until(lambda records: bool(_minute(records, start)), timeout=120)
+        time.sleep(2)
+        health.read_until(lambda records: False, timeout=0.5)
+        windows = _minute(health.records, start)
+    finally:
+        health.close()
+        worker.kill()
+        if restarted is not None:
+            restarted.kill()
+    logs = worker.log_tail(1500) + "\n----- restarted -----\n" + (restarted.log_tail(3000) if restarted else "")
+    assert published, f"the restored minute {start:.0f} was never published\n{logs}"
+    assert set(windows) == {("300", "30")}, f"published {windows}, expected the whole minute 300 / 30\n{logs}"

@@ -166,3 +166,19 @@ def test_a_snapshot_of_another_processor_is_refused_not_half_applied(caplog: pyt
     assert reader.covered == {} and "cannot be read" in caplog.text
     with pytest.raises(msgspec.ValidationError):
         RetrainTrigger().restore(fallbacks.snapshot())
+
+
+def test_the_snapshot_carries_the_newest_event_time_and_older_ones_read_without_it() -> None:
+    table = _Table()
+    writer = SnapshotKeeper(FallbackRateMonitor(), table)
+    writer.cover(_batch("audit", 0, range(3), _traffic()[:3]))
+    writer.take(event_time=6002.0)
+    reader = SnapshotKeeper(FallbackRateMonitor(), table)
+    reader.restore_once()
+    assert reader.event_time == 6002.0 and reader.covered == {("audit", 0): 2}
+
+    fields = msgspec.msgpack.decode(table.data[KEY])
+    table.data[KEY] = msgspec.msgpack.encode(fields[:2])  # written before the event time was kept
+    older = SnapshotKeeper(FallbackRateMonitor(), table)
+    older.restore_once()
+    assert older.event_time == float("-inf") and older.covered == {("audit", 0): 2}

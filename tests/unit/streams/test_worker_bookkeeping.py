@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import namedtuple
+from collections import defaultdict, namedtuple
 from typing import Any
 
 import pytest
@@ -335,6 +335,7 @@ def _snapshot_streams(limit: int) -> tuple[StreamsApp, list[tuple[str, bytes, by
     streams.app = type("App", (), {"conf": type("Conf", (), {"producer_max_request_size": limit})()})()
     streams.counts = {"snapshots": 0}
     streams._locks = {}
+    streams._watermarks = defaultdict(WatermarkCadence)
     produced: list[tuple[str, bytes, bytes, int | None]] = []
     ticks = iter([3])  # the first hand-over waits longest (metadata, a full buffer), later ones not
 
@@ -399,3 +400,31 @@ def test_a_snapshot_over_the_request_size_is_not_written_and_is_reported(caplog)
         asyncio.run(streams._send_snapshot(keeper))
     assert produced == [] and keeper.unwritten == 1 and keeper.last_bytes > 2048
     assert "over the producer's request size" in caplog.text
+
+
+def test_a_worker_no_record_reaches_restores_its_snapshot_and_event_time_from_the_idle_timer() -> None:
+    """Restarted into silence, no batch restores the aggregating processors' state: the idle timer
+    does, and starts their event time from the snapshot's, so the restored windows can close."""
+    from entroloop.streams.aggregate_snapshots import SnapshotKeeper
+    from entroloop.streams.fallback_rates import FallbackRateMonitor
+
+    from .analytics_records import audit
+
+    table = type("Table", (), {"data": {}})()
+    writer = FallbackRateMonitor()
+    writer.process_batch([audit(f"r{i}", at=6000.0 + i) for i in range(5)])
+    SnapshotKeeper(writer, table).take(event_time=6004.0)
+
+    streams, _ = _snapshot_streams(limit=1 << 20)
+    idle, busy = FallbackRateMonitor(), FallbackRateMonitor()
+    streams.processors = [idle, busy]
+    streams.snapshots = {id(idle): _keeper(streams, idle), id(busy): _keeper(streams, busy)}
+    streams.snapshots[id(idle)].table = table
+    streams.snapshots[id(busy)].table = table
+    streams._watermarks[id(busy)].note(7000.0, ("audit", 0))  # a batch came: its restore is the batch's
+    streams._restore_into_silence()
+    assert streams.snapshots[id(idle)].restored and idle.snapshot() == writer.snapshot()
+    assert streams._watermarks[id(idle)].newest_heard == 6004.0
+    assert not streams.snapshots[id(busy)].restored
+    streams._restore_into_silence()  # once: a later tick does not note the old event time again
+    assert streams._watermarks[id(idle)].newest_heard == 6004.0
