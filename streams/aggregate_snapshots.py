@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+from entroloop.streams.base import Processor
+from entroloop.streams.table_state import store_raw
 
 from entroloop.contract.records import Event
 
@@ -124,11 +126,7 @@ class SnapshotKeeper:
             state=self.processor.snapshot() or b"",
             event_time=event_time,
         ))
-        store = self.table.data
-        store[KEY] = raw
-        key_partition = getattr(store, "_key_partition", None)
-        if key_partition is not None:
-            key_partition[KEY] = PARTITION
+        store_raw(self.table.data, KEY, raw, PARTITION)
         self.dirty = False
         self.last_bytes = len(raw)
         return raw
@@ -136,8 +134,6 @@ class SnapshotKeeper:
 
 def keeps_snapshots(processor: Any) -> bool:
     """True for a processor that implements ``snapshot`` (the aggregating ones)."""
-    from entroloop.streams.base import Processor
-
     return type(processor).snapshot is not Processor.snapshot
 
 

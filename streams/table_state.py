@@ -241,14 +241,20 @@ class TableState(MutableMapping[str, V]):
                     if key_partition is not None:
                         key_partition.pop(key, None)
                 else:
-                    store[key] = raw
+                    store_raw(store, key, raw, partition)
                     self._partition_of[key] = partition
-                    if key_partition is not None:
-                        # The memory store drops keys of revoked partitions after a rebalance only
-                        # if it knows their partition; it learns that only from recovery.
-                        key_partition[key] = partition
                 records.append((partition, key, raw))
         return records
 
 
-__all__ = ["TableState", "TableStateSpec"]
+def store_raw(store: Any, key: bytes, raw: bytes, partition: int) -> None:
+    """Write ``raw`` under ``key`` into a Faust table's store, with its changelog partition: the
+    memory store drops keys of revoked partitions after a rebalance only if it knows their
+    partition, and it learns that only from recovery."""
+    store[key] = raw
+    key_partition = getattr(store, "_key_partition", None)
+    if key_partition is not None:
+        key_partition[key] = partition
+
+
+__all__ = ["TableState", "TableStateSpec", "store_raw"]
