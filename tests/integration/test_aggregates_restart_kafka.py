@@ -52,6 +52,32 @@ def _wait_committed(bootstrap: str, prefix: str, wanted: dict[str, int], worker,
         time.sleep(0.3)
 
 
+def _published_minute(health: TopicReader, start: float) -> tuple[bool, list[tuple[str, str]]]:
+    """Wait for the minute's window; then every copy of it published (a second copy, the same id,
+    would come with the same watermark)."""
+    published = health.read_until(lambda records: bool(_minute(records, start)), timeout=120)
+    time.sleep(2)
+    health.read_until(lambda records: False, timeout=0.5)
+    return published, _minute(health.records, start)
+
+
+def _stop(health: TopicReader, worker, restarted) -> None:  # type: ignore[no-untyped-def]
+    health.close()
+    worker.kill()
+    if restarted is not None:
+        restarted.kill()
+
+
+def _counts(records: list) -> dict[str, int]:
+    """Records per input topic of the aggregates worker (what its group must have committed)."""
+    return {Audit.topic: sum(isinstance(r, Audit) for r in records),
+            Fallback.topic: sum(isinstance(r, Fallback) for r in records)}
+
+
+def _logs(worker, restarted) -> str:  # type: ignore[no-untyped-def]
+    return worker.log_tail(1500) + "\n----- restarted -----\n" + (restarted.log_tail(3000) if restarted else "")
+
+
 def test_an_aggregates_worker_killed_mid_minute_publishes_the_whole_minute(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
@@ -72,29 +98,19 @@ def test_an_aggregates_worker_killed_mid_minute_publishes_the_whole_minute(
     restarted = None
     try:
         publish(kafka_bootstrap, topic_prefix, first)
-        counts = {Audit.topic: sum(isinstance(r, Audit) for r in first),
-                  Fallback.topic: sum(isinstance(r, Fallback) for r in first)}
-        _wait_committed(kafka_bootstrap, topic_prefix, counts, worker, settings.partitions)
+        _wait_committed(kafka_bootstrap, topic_prefix, _counts(first), worker, settings.partitions)
         publish(kafka_bootstrap, topic_prefix, second)
         worker.kill()  # SIGKILL: whatever of the second half it took is neither acknowledged nor snapshotted for sure
         restarted, _ = start_worker(kafka_bootstrap, topic_prefix, tmp_path / "after", role="aggregates", extra_env=env)
         # The closers only once the restarted worker has taken the whole minute: records it skips while
         # Faust recovers come again ~5 s later (the offset guard), after any that followed them, and a
         # minute closed by those would count them late (a recovery-ordering limit, not the snapshot's).
-        counts = {Audit.topic: sum(isinstance(r, Audit) for r in minute),
-                  Fallback.topic: sum(isinstance(r, Fallback) for r in minute)}
-        _wait_committed(kafka_bootstrap, topic_prefix, counts, restarted, settings.partitions)
+        _wait_committed(kafka_bootstrap, topic_prefix, _counts(minute), restarted, settings.partitions)
         publish(kafka_bootstrap, topic_prefix, closers)
-        published = health.read_until(lambda records: bool(_minute(records, start)), timeout=120)
-        time.sleep(2)  # a second copy of the window (the same id) would come with the same watermark
-        health.read_until(lambda records: False, timeout=0.5)
-        windows = _minute(health.records, start)
+        published, windows = _published_minute(health, start)
     finally:
-        health.close()
-        worker.kill()
-        if restarted is not None:
-            restarted.kill()
-    logs = worker.log_tail(1500) + "\n----- restarted -----\n" + (restarted.log_tail(3000) if restarted else "")
+        _stop(health, worker, restarted)
+    logs = _logs(worker, restarted)
     assert published, f"no window for {start:.0f}\n{logs}"
     assert set(windows) == {("300", "30")}, f"published {windows}, expected the whole minute 300 / 30\n{logs}"
     assert "state restored" in restarted.log_text(), logs
@@ -120,24 +136,16 @@ def test_an_aggregates_worker_restarted_into_silence_publishes_the_restored_minu
     restarted = None
     try:
         publish(kafka_bootstrap, topic_prefix, minute)
-        counts = {Audit.topic: sum(isinstance(r, Audit) for r in minute),
-                  Fallback.topic: sum(isinstance(r, Fallback) for r in minute)}
-        _wait_committed(kafka_bootstrap, topic_prefix, counts, worker, settings.partitions)
+        _wait_committed(kafka_bootstrap, topic_prefix, _counts(minute), worker, settings.partitions)
         time.sleep(1.0)  # commits follow the snapshot's hand-over; let the last one settle too
         worker.kill()
         health.read_until(lambda records: False, timeout=0.5)
         assert not _minute(health.records, start), "the first worker closed the minute: nothing to restore"
         restarted, _ = start_worker(kafka_bootstrap, topic_prefix, tmp_path / "after", role="aggregates",
                                     extra_env={"ENTROLOOP_STREAMS_WATERMARK_IDLE_S": "2"})
-        published = health.read_until(lambda records: bool(_minute(records, start)), timeout=120)
-        time.sleep(2)
-        health.read_until(lambda records: False, timeout=0.5)
-        windows = _minute(health.records, start)
+        published, windows = _published_minute(health, start)
     finally:
-        health.close()
-        worker.kill()
-        if restarted is not None:
-            restarted.kill()
-    logs = worker.log_tail(1500) + "\n----- restarted -----\n" + (restarted.log_tail(3000) if restarted else "")
+        _stop(health, worker, restarted)
+    logs = _logs(worker, restarted)
     assert published, f"the restored minute {start:.0f} was never published\n{logs}"
     assert set(windows) == {("300", "30")}, f"published {windows}, expected the whole minute 300 / 30\n{logs}"
