@@ -733,6 +733,8 @@ def pipeline_dashboard() -> dict[str, Any]:
                        "no stream worker runs aggregating processors under Kafka (embedded mode has no Kafka)"),
         _health_metric("Aggregating processors: snapshots not written (should be 0)", "snapshots_unwritten", "short",
                        "no stream worker runs aggregating processors under Kafka (embedded mode has no Kafka)"),
+        _health_metric("Table recoveries: changelog partitions fetched again after 15 s of silence (should stay 0)",
+                       "recovery_refetches", "short", "no stream worker reported its table recoveries (embedded mode has no Kafka)"),
         _health_metric("Publisher spool size", "spool_bytes", "bytes", "no serving node reported its spool (nothing spooled, or embedded mode)"),
         panel(
             "Sink lag (inserted_at − emitted_at) p50 / p99 by table", "table",

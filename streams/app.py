@@ -388,6 +388,7 @@ class StreamsApp:
         self.snapshots: dict[int, SnapshotKeeper] = {}
         self._counted: dict[tuple[str, int], int] = {}  # (metric, processor): its running total already counted
         self.events_ahead = 0  # records ahead of this worker's clock (``_count_ahead``)
+        self.recovery_refetches = 0  # changelog partitions a stalled table recovery fetched again
         self._ahead_logged_at = float("-inf")
         self._partial_logged_at = float("-inf")  # last error about aggregates counted by several workers
         self._watermarks = {id(p): WatermarkCadence(config.watermark_interval_s, idle_s=config.watermark_idle_s)
@@ -657,6 +658,10 @@ class StreamsApp:
             if (state := self.table_states.get(id(processor))) is not None:
                 await self._send_changelog(state)
 
+    def _count_refetches(self, partitions: int) -> None:
+        """``entroloop.streams.faust_recovery_watch`` fetched ``partitions`` changelog partitions again."""
+        self.recovery_refetches += partitions
+
     def _restore_into_silence(self) -> None:
         """A restarted worker that no record reaches (its inputs were all committed before the
         restart) restores each aggregating processor's snapshot here instead of on the first batch,
@@ -876,6 +881,9 @@ class StreamsApp:
         records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
                               metric="events_ahead_of_clock", value=float(self.events_ahead),
                               labels={"app": self.app.conf.id}))
+        records.append(Health(**self.stamper.stamp(now), request_id="", component="streams",
+                              metric="recovery_refetches", value=float(self.recovery_refetches),
+                              labels={"app": self.app.conf.id}))
         missing = self.partitions_not_held(list(consumer.assignment()), consumer.topic_partitions)
         self._warn_partial_aggregates(missing)
         for name, count in sorted(missing.items()):
@@ -962,7 +970,7 @@ class StreamsApp:
             async def on_start(self) -> None:
                 await super().on_start()
                 # a table recovery waiting for changelog records that never come is fetched again
-                self.add_future(watch_recovery(self.app))
+                self.add_future(watch_recovery(self.app, streams._count_refetches))
 
             async def on_stop(self) -> None:
                 # Every way of stopping passes here (a signal, a crashed service); a stop that hangs
@@ -971,6 +979,7 @@ class StreamsApp:
                 await super().on_stop()
 
         grace_s = self.config.stop_grace_s
+        streams = self
 
         self.ensure_topics()
         tune_for_streaming()  # the start-up heap frozen, collections batched (entroloop.infra.gc_policy)

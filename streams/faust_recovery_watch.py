@@ -76,16 +76,20 @@ def stalled_recovery_check(
     return check
 
 
-async def watch_recovery(app: Any, interval_s: float = RECOVERY_STALL_S / 3) -> None:
-    """Run ``stalled_recovery_check`` on ``app`` every ``interval_s`` until the app stops. A task of
-    the worker, not a Faust timer: Faust starts timers only once the first recovery has completed,
-    and the first one (a restarted worker's) can stall too."""
+async def watch_recovery(app: Any, on_refetch: Callable[[int], None] = lambda n: None,
+                         interval_s: float = RECOVERY_STALL_S / 3) -> None:
+    """Run ``stalled_recovery_check`` on ``app`` every ``interval_s`` until the app stops, telling
+    ``on_refetch`` how many partitions each run fetched again. A task of the worker, not a Faust
+    timer: Faust starts timers only once the first recovery has completed, and the first one (a
+    restarted worker's) can stall too."""
     check = stalled_recovery_check(app.tables.recovery, app.consumer)
     log.info("watching table recoveries: a changelog partition silent for %.0f s is fetched again", RECOVERY_STALL_S)
     while not app.should_stop:
         await asyncio.sleep(interval_s)
         try:
-            check()
+            fetched = check()
+            if fetched:
+                on_refetch(len(fetched))
         except Exception:  # a watchdog that dies leaves the stall it watches for
             log.exception("the table recovery check failed; it runs again in %.0f s", interval_s)
 

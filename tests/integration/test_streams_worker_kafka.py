@@ -176,7 +176,7 @@ def test_poison_records_become_dead_letters_and_health_is_published(
     try:
         assert alerts.read_until(lambda rs: len(seen_alerts(rs)) == 3, 60), worker.log_tail()
         assert dead.read_until(lambda rs: len(rs) >= 1, 30), worker.log_tail()
-        wanted = {"consumer_lag", "last_commit_age_s"}
+        wanted = {"consumer_lag", "last_commit_age_s", "recovery_refetches"}
         assert health.read_until(lambda rs: wanted <= {r.metric for r in rs}, 30), worker.log_tail()
         assert health.read_until(lambda rs: any(r.metric == "events_ahead_of_clock" and r.value == 1.0 for r in rs), 30), \
             worker.log_tail()  # counted, and still processed (3 alerts above)
@@ -188,5 +188,7 @@ def test_poison_records_become_dead_letters_and_health_is_published(
     assert isinstance(letter, DeadLetter)
     assert letter.source_topic == Feedback.topic and letter.source_offset == 1
     assert letter.error_type == "malformed" and letter.reason and letter.payload == b"\x93not a record"
+    refetches = {r.value for r in health.records if isinstance(r, Health) and r.metric == "recovery_refetches"}
+    assert refetches == {0.0}, refetches  # a healthy worker's recoveries never stalled
     lags = [r for r in health.records if isinstance(r, Health) and r.metric == "consumer_lag"]
     assert lags and lags[0].labels["topic"] == topic_prefix + Feedback.topic

@@ -148,3 +148,36 @@ def test_records_dropped_by_a_read_offset_left_from_an_earlier_assignment_arrive
     recovery._active_events_received_at[KEPT] = 1000.0
     assert _ticks(consumer, check, now, [115.0]) == [[1]]
     assert _drain_changelog(consumer, list(range(264))) == list(range(264))
+
+
+def test_the_worker_task_counts_what_it_fetched_again_and_outlives_a_failing_check(caplog) -> None:
+    """``watch_recovery`` is the worker's task (Health ``recovery_refetches`` counts its fetches);
+    a check that raises (the consumer mid-rebalance) is logged and the next run goes on."""
+    import time
+
+    from entroloop.streams.faust_recovery_watch import watch_recovery
+
+    recovery, consumer, seeks = _worker()
+    recovery._recovery_started_at = time.monotonic() - 100  # silent for 100 s
+    recovery._active_events_received_at[KEPT] = time.monotonic() + 3600
+    app = SimpleNamespace(tables=SimpleNamespace(recovery=recovery), consumer=consumer, should_stop=False)
+    calls = []
+
+    def assignment() -> set:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("no current assignment")
+        return {KEPT, TAKEN_BACK}
+
+    consumer.assignment = assignment
+    counted: list[int] = []
+
+    def on_refetch(partitions: int) -> None:
+        counted.append(partitions)
+        app.should_stop = True
+
+    with caplog.at_level("ERROR"):
+        consumer.loop.run_until_complete(asyncio.wait_for(watch_recovery(app, on_refetch, interval_s=0), 10))
+        consumer.loop.run_until_complete(asyncio.sleep(0))  # the seek task
+    assert counted == [1] and seeks == [(1, 0)]
+    assert "the table recovery check failed" in caplog.text
