@@ -24,6 +24,7 @@ IN_ML_ENV = importlib.util.find_spec("torch") is not None and importlib.util.fin
 FAUST_TEST_MODULES = [
     "unit/streams/test_streams_app.py",
     "unit/streams/test_faust_offsets.py",
+    "unit/streams/test_faust_recovery_watch.py",
     "unit/streams/test_faust_drain.py",
     "unit/streams/test_faust_lean.py",
     "unit/streams/test_faust_delivery.py",
