@@ -242,3 +242,21 @@ def test_faust_consumer_offers_the_seek_that_runs_on_its_own_thread() -> None:
 
     assert inspect.iscoroutinefunction(Consumer.seek_wait)
     assert list(inspect.signature(Consumer.seek_wait).parameters) == ["self", "partitions"]
+
+
+def test_a_partition_whose_committed_offset_was_forgotten_commits_nothing() -> None:
+    """A revocation makes Faust forget the committed offset (until the next seek sets it), while
+    batches that finish meanwhile still acknowledge theirs: Faust alone commits from the first of
+    those, past the record the commit was held at (the rebalance churn soak: held at 2645, 2647
+    never processed, 2762 committed half a second after "Revoking")."""
+    consumer, topic = _consumer(guarded=True)
+    tp = TP(topic, 5)
+    consumer._committed_offset[tp] = 2645
+    consumer._acked[tp] = [2646, *range(2675, 2762)]  # 2645 and 2647..2674 not processed
+    assert consumer._new_offset(tp) is None  # held at 2645
+    consumer._committed_offset.pop(tp)  # what Consumer.on_partitions_revoked does
+    assert consumer._new_offset(tp) is None  # still nothing: no head is known to hold at
+
+    plain, _ = _consumer(guarded=False)
+    plain._acked[tp] = [2646, *range(2675, 2762)]
+    assert plain._new_offset(tp) == 2647  # Faust alone: past 2645, and the next commit past 2647..2674
