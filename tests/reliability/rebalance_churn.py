@@ -14,7 +14,7 @@ With Faust's batches and commits logged, the next run lost one and showed how: t
 tokens partition 5 was held at 2645 for 5 s (a batch after the seek held 6 records of 2644..2674:
 the rest were never handed over), Faust revoked the partitions and forgot their committed offsets,
 a batch finishing meanwhile acknowledged later offsets, and Faust committed 2762. Fixed in ``entroloop.streams.faust_offsets`` (no committed offset known: nothing
-committed).
+committed); three 15-cycle runs after it, under three CPU burners: nothing missing.
 """
 
 from __future__ import annotations
