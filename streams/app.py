@@ -639,7 +639,7 @@ class StreamsApp:
         (``WatermarkCadence``), so the last windows close and their alerts go out without waiting
         for the next request. Run where the processor's batches run: on the loop, or for a blocking
         one in its agent's thread."""
-        self._restore_into_silence()
+        await self._restore_into_silence()
         idle = [p for p in self.processors if self._watermarks[id(p)].idle()]
         if not idle or not await self._caught_up(set().union(*(self._input_names(p) for p in idle))):
             return
@@ -662,16 +662,20 @@ class StreamsApp:
         """``entroloop.streams.faust_recovery_watch`` fetched ``partitions`` changelog partitions again."""
         self.recovery_refetches += partitions
 
-    def _restore_into_silence(self) -> None:
+    async def _restore_into_silence(self) -> None:
         """A restarted worker that no record reaches (its inputs were all committed before the
         restart) restores each aggregating processor's snapshot here instead of on the first batch,
         and starts its event time from the snapshot's newest one: the restored windows then close
         once the inputs have been silent and caught up for ``idle_s``, as the worker it replaces
-        would have closed them. Timers run once Faust's first recovery is done, so the snapshot
-        table is complete."""
+        would have closed them. Only when the broker confirms nothing is left to read: with records
+        to come, the first batch restores it and the event time waits for every partition behind
+        (``WatermarkCadence.expect``). Timers run once Faust's first recovery is done, so the
+        snapshot table is complete."""
         for processor in self.processors:
             keeper, cadence = self.snapshots.get(id(processor)), self._watermarks[id(processor)]
             if keeper is None or keeper.restored or cadence.started:
+                continue
+            if not await self._caught_up(self._input_names(processor)):
                 continue
             with self._locks[id(processor)]:
                 keeper.restore_once()

@@ -404,7 +404,8 @@ def test_a_snapshot_over_the_request_size_is_not_written_and_is_reported(caplog)
 
 def test_a_worker_no_record_reaches_restores_its_snapshot_and_event_time_from_the_idle_timer() -> None:
     """Restarted into silence, no batch restores the aggregating processors' state: the idle timer
-    does, and starts their event time from the snapshot's, so the restored windows can close."""
+    does, once the broker says nothing is left to read, and starts their event time from the
+    snapshot's, so the restored windows can close."""
     from entroloop.streams.aggregate_snapshots import SnapshotKeeper
     from entroloop.streams.fallback_rates import FallbackRateMonitor
 
@@ -422,9 +423,19 @@ def test_a_worker_no_record_reaches_restores_its_snapshot_and_event_time_from_th
     streams.snapshots[id(idle)].table = table
     streams.snapshots[id(busy)].table = table
     streams._watermarks[id(busy)].note(7000.0, ("audit", 0))  # a batch came: its restore is the batch's
-    streams._restore_into_silence()
+    caught_up = [False]
+
+    async def answer(topics: set[str]) -> bool:
+        return caught_up[0]
+
+    streams._caught_up = answer
+    streams._input_names = lambda processor: {"audit"}
+    asyncio.run(streams._restore_into_silence())  # records still to read: the first batch restores
+    assert not streams.snapshots[id(idle)].restored and not streams._watermarks[id(idle)].started
+    caught_up[0] = True
+    asyncio.run(streams._restore_into_silence())
     assert streams.snapshots[id(idle)].restored and idle.snapshot() == writer.snapshot()
     assert streams._watermarks[id(idle)].newest_heard == 6004.0
     assert not streams.snapshots[id(busy)].restored
-    streams._restore_into_silence()  # once: a later tick does not note the old event time again
+    asyncio.run(streams._restore_into_silence())  # once: a later tick does not note the old event time again
     assert streams._watermarks[id(idle)].newest_heard == 6004.0
