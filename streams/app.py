@@ -186,6 +186,10 @@ class StreamsConfig:
         return cls(**values)
 
 
+RESTORED = ("restored", -1)
+"""The source of an event time restored from a snapshot (``WatermarkCadence.resume``)."""
+
+
 class WatermarkCadence:
     """When to call a processor's ``on_watermark``, and with which event time.
 
@@ -236,6 +240,13 @@ class WatermarkCadence:
         now = self.clock()
         for source in sources:
             self._newest.setdefault(source, (float("-inf"), now))
+
+    def resume(self, event_time: float) -> None:
+        """Start from ``event_time`` restored from a snapshot (a worker restarted into silence): as
+        a source already silent for ``idle_s``, so it never holds the watermark back (records that
+        come later move it as usual) and only lets silence move event time on from there."""
+        event_time = min(event_time, event_time_ceiling(self.wall()))
+        self._newest.setdefault(RESTORED, (event_time, self.clock() - self.idle_s - 1e-3))
 
     def note(self, event_time: float, source: Any = None) -> None:
         """Record that ``source`` delivered events up to ``event_time``, taken as no later than this
@@ -680,7 +691,7 @@ class StreamsApp:
             with self._locks[id(processor)]:
                 keeper.restore_once()
             if keeper.event_time > float("-inf"):
-                cadence.note(keeper.event_time)
+                cadence.resume(keeper.event_time)
 
     async def _caught_up(self, topics: set[str]) -> bool:
         """True when the broker answers and no assigned partition of ``topics`` has a record past

@@ -439,3 +439,21 @@ def test_a_worker_no_record_reaches_restores_its_snapshot_and_event_time_from_th
     assert not streams.snapshots[id(busy)].restored
     asyncio.run(streams._restore_into_silence())  # once: a later tick does not note the old event time again
     assert streams._watermarks[id(idle)].newest_heard == 6004.0
+
+
+def test_a_restored_event_time_lets_silence_close_windows_and_never_holds_later_records_back() -> None:
+    """``resume`` (a worker restarted into silence): a source already silent. Noted as an ordinary
+    source it held the watermark at the restored time for ``idle_s`` once traffic came back: with
+    an hour of ``idle_s`` the restored minute never closed (CI, the mid-minute restart test)."""
+    clock = Clock()
+    clock.now = 1_000.0
+    cadence = WatermarkCadence(0.25, clock, idle_s=3600.0, wall=lambda: 2e9)
+    cadence.resume(6059.0)
+    assert cadence.started and cadence.idle()
+    clock.now += 10.0
+    assert cadence.due(caught_up=True) and 6059.0 < cadence.event_time <= 6069.01  # silence moves it on
+
+    traffic = WatermarkCadence(0.25, clock, idle_s=3600.0, wall=lambda: 2e9)
+    traffic.resume(6059.0)
+    clock.now += 1.0
+    assert traffic.due(6180.0, ("audit", 0)) and traffic.event_time == 6180.0  # not held at 6059
