@@ -73,7 +73,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, aclosing, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,7 @@ from entroloop.streams.base import Processor, derive
 from entroloop.streams.faust_batches import finish_before_cancel
 from entroloop.streams.faust_delivery import DeliveryGuard
 from entroloop.streams.faust_drain import install_eager_drain
+from entroloop.streams.faust_fetch import shorten_fetch_wait
 from entroloop.streams.faust_monitor import LeanMonitor
 from entroloop.streams.faust_offsets import (
     REDELIVER_AFTER_S,
@@ -93,6 +94,7 @@ from entroloop.streams.faust_offsets import (
 )
 from entroloop.streams.faust_raw import RawBytesSchema
 from entroloop.streams.faust_recovery_watch import watch_recovery
+from entroloop.streams.faust_take import take_batches
 from entroloop.streams.stop_watchdog import arm_stop_watchdog
 from entroloop.streams.table_state import TableState, TableStateSpec
 from entroloop.streams.windowing import MAX_AHEAD_OF_CLOCK_S, event_time_ceiling
@@ -442,6 +444,7 @@ class StreamsApp:
 
         self.app.timer(REDELIVER_AFTER_S / 2)(seek_back_stalled_partitions)
         install_eager_drain(self.app.consumer)  # no four tasks per fetched record (entroloop.streams.faust_drain)
+        shorten_fetch_wait(self.app.consumer)  # no 1.5 s long poll holding busy partitions (entroloop.streams.faust_fetch)
         self.app.timer(config.health_interval_s)(self._publish_health)
         self.app.timer(config.watermark_idle_s / 2)(self._close_windows_when_idle)
 
@@ -488,11 +491,13 @@ class StreamsApp:
                     await self._send_snapshot(keeper)
 
         async def agent(stream: Any) -> None:
-            async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
-                # take_events acknowledges this batch when the loop comes back here, or when a
-                # cancellation leaves it: so the batch is finished first (streams/faust_batches.py),
-                # its outputs in the producer, which Faust flushes before it commits the offsets.
-                await finish_before_cancel(handle_batch(events))
+            # take_batches (Faust's take_events without its per-record iterator) acknowledges a
+            # batch when the loop comes back here, or when a cancellation leaves it: so the batch is
+            # finished first (streams/faust_batches.py), its outputs in the producer, which Faust
+            # flushes before it commits the offsets.
+            async with aclosing(take_batches(stream, config.batch_size, config.batch_within_s)) as batches:
+                async for events in batches:
+                    await finish_before_cancel(handle_batch(events))
 
         agent.__name__ = agent.__qualname__ = "agent_" + topic_name.replace(".", "_")
         self.app.agent(source, name=f"{self.app.conf.id}.{topic_name}", concurrency=config.concurrency)(agent)

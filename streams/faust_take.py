@@ -1,0 +1,123 @@
+"""Batches taken straight from an agent's channel queue: ``Stream.take_events`` without a step per record.
+
+Faust's ``take_events`` fills its buffer through the stream's per-record iterator: for every record
+an ``await sleep(0)``, a context variable, the stream processors (its buffering callback among
+them), sensor calls in and out, and a wake-up of the waiting agent. Profiled in ``entroloop bench
+workers`` that hand-over was a quarter of the worker's transport. ``take_batches`` reads the
+records the fetcher put in the agent's queue as they lie there, and keeps what the iterator does
+that the rest of Faust relies on:
+
+- a record of an earlier consumer generation, or one delivered while flow is suspended (a
+  rebalance), is skipped and acknowledged, exactly as the iterator skips it;
+- each record is tracked as unacknowledged on arrival and acknowledged (``event.ack()``) after the
+  batch was handed out, also when the caller leaves the batch by an exception or a cancellation
+  (as ``take_events`` does in its ``finally``; ``entroloop.streams.faust_batches`` finishes the
+  batch before a cancellation gets that far);
+- the sensors hear one ``on_stream_event_in``/``out`` per partition per batch (the aiokafka
+  driver's slow-processing check reads the inbound time per partition; the worker's
+  ``LeanMonitor`` keeps no per-record statistics);
+- the queue is read with its own ``get``/``get_nowait``, so an error thrown into the channel is
+  raised to the agent (``StopAsyncIteration``, which Faust throws in to end a stream, ends the
+  batches after the records already taken) and the pressure-drop callbacks (which resume fetching partitions paused
+  while the queue was nearly full) run as the queue drains.
+
+A batch is yielded when it holds ``max_`` records, or ``within`` seconds after its first record came.
+A stream with processors of its own (``Stream.add_processor``: the worker adds none, Faust's agent
+test context does) is taken with ``take_events``, since only the per-record iterator runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+
+def _accept(stream: Any, event: Any, batch: list[Any], newest: dict[Any, Any]) -> None:
+    """Track ``event``'s message and add it to ``batch``; acknowledge it at once if Faust would skip it."""
+    app = stream.app
+    message = event.message
+    if not app.flow_control.is_active() or message.generation_id != app.consumer_generation_id:
+        # The iterator's rule: from before a rebalance; acknowledged, not handed out (faust_offsets
+        # guards the commits against acknowledged-but-unprocessed heads).
+        if event.ack():
+            stream._on_message_out(message.tp, message.offset, message)
+        return
+    if message.topic in app.topics.acking_topics and not message.tracked:
+        message.tracked = True  # Consumer.track_message, as the iterator inlines it
+        app.consumer.unacked.add(message)
+        stream._on_message_in(message.tp, message.offset, message)
+    batch.append(event)
+    newest[message.tp] = event
+
+
+async def _next_event(stream: Any, queue: Any, timeout: float | None) -> Any:
+    """The queue's next event; None when ``timeout`` passes or the stream stops first (Faust stops
+    an agent's stream and waits for its iteration to end: a bare ``queue.get()`` would hold it)."""
+    getter = asyncio.ensure_future(queue.get())
+    stopped = asyncio.ensure_future(stream._stopped.wait())
+    try:
+        await asyncio.wait((getter, stopped), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        pending = [task for task in (getter, stopped) if not task.done()]
+        for task in pending:
+            task.cancel()  # asyncio.Queue.get leaves its item in the queue when cancelled
+        if pending:  # ended before this returns: no task left pending to be destroyed at exit
+            await asyncio.wait(pending)
+    return getter.result() if getter.done() and not getter.cancelled() else None  # raises a thrown error
+
+
+async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[list[Any]]:
+    """Lists of at most ``max_`` events of ``stream``'s channel, acknowledged after each is handed out."""
+    if stream._processors:  # only the per-record iterator runs them (Faust's agent test context adds one)
+        async with aclosing(stream.take_events(max_, within=within)) as taken:
+            async for batch in taken:
+                yield batch
+        return
+    queue = stream.channel.queue
+    loop = asyncio.get_running_loop()
+    while not stream.should_stop:
+        batch: list[Any] = []
+        newest: dict[Any, Any] = {}  # partition -> its last event in the batch (for the sensors)
+        deadline = None  # set by the batch's first record
+        ended = False
+        try:
+            while len(batch) < max_:
+                if queue.qsize():
+                    while len(batch) < max_ and queue.qsize():
+                        _accept(stream, queue.get_nowait(), batch, newest)
+                    if deadline is None:
+                        deadline = loop.time() + within
+                    continue
+                remaining = None if deadline is None else deadline - loop.time()
+                if (remaining is not None and remaining <= 0) or stream.should_stop:
+                    break
+                event = await _next_event(stream, queue, remaining)
+                if event is None:
+                    break
+                _accept(stream, event, batch, newest)
+                if deadline is None:
+                    deadline = loop.time() + within
+        except StopAsyncIteration:  # thrown into the channel when Faust stops it: the iterator ends there
+            ended = True
+        if not batch:  # stopped, ended, or all skipped
+            if ended:
+                return
+            continue
+        states = {tp: stream._on_stream_event_in(tp, event.message.offset, stream, event)
+                  for tp, event in newest.items()}
+        try:
+            yield batch
+        finally:
+            for event in batch:
+                if event.ack():
+                    message = event.message
+                    stream._on_message_out(message.tp, message.offset, message)
+            for tp, event in newest.items():
+                stream._on_stream_event_out(tp, event.message.offset, stream, event, states[tp])
+        if ended:
+            return
+
+
+__all__ = ["take_batches"]

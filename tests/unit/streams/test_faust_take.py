@@ -1,0 +1,246 @@
+"""streams/faust_take.py on the worker app's real Faust objects: its channel queue (mode's
+``ThrowableQueue`` with its pressure callbacks), ``Event``/``Message`` acknowledgement through the
+app's consumer, the flow control and generation id that decide what Faust skips. Only the broker is
+absent. A Faust upgrade that changes what the per-record iterator relies on fails here."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from typing import Any
+
+import pytest
+from entroloop.streams.app import build_streams_app
+from entroloop.streams.faust_fetch import FETCH_MAX_WAIT_MS, shorten_fetch_wait
+from entroloop.streams.faust_take import take_batches
+from faust.events import Event
+from faust.types.tuples import ConsumerMessage
+
+from entroloop.contract.settings import Settings
+
+TOPIC = "t.entroloop.tokens.v1"
+
+
+def _app() -> Any:
+    app = build_streams_app(Settings(kafka_bootstrap="127.0.0.1:9", topic_prefix="t.")).app
+    app.flow_control.resume()  # as after a partition assignment
+    app.topics.acking_topics.add(TOPIC)
+    return app
+
+
+def _event(app: Any, offset: int, partition: int = 0, generation: int | None = None) -> Any:
+    generation = app.consumer_generation_id if generation is None else generation
+    message = ConsumerMessage(TOPIC, partition, offset, 0.0, 0, {}, b"k", b"v%d" % offset, None, generation_id=generation)
+    message.incref(1)  # one channel delivers it, as the conductor counts
+    return Event(app, b"k", message.value, {}, message)
+
+
+def _run(app: Any, main: Any) -> Any:
+    return app.loop.run_until_complete(main())
+
+
+def test_a_batch_is_what_the_queue_holds_up_to_max_and_is_acknowledged_only_after_it_is_handed_out() -> None:
+    app = _app()
+
+    async def main() -> list[list[int]]:
+        stream = app.channel(maxsize=100).stream()
+        events = [_event(app, offset) for offset in range(5)]
+        for event in events:
+            stream.channel.queue.put_nowait(event)
+        taken: list[list[int]] = []
+        async with aclosing(take_batches(stream, 3, within=0.05)) as batches:
+            async for batch in batches:
+                assert not any(event.message.acked for event in batch)  # in hand: not acknowledged
+                assert all(event.message in app.consumer.unacked for event in batch)  # tracked
+                taken.append([event.message.offset for event in batch])
+                if len(taken) == 2:
+                    break
+        assert all(event.message.acked for event in events)
+        assert not app.consumer.unacked
+        return taken
+
+    assert _run(app, main) == [[0, 1, 2], [3, 4]]
+
+
+def test_records_that_arrive_within_the_wait_join_the_batch_and_later_ones_the_next() -> None:
+    app = _app()
+
+    async def main() -> list[list[int]]:
+        stream = app.channel(maxsize=100).stream()
+        queue = stream.channel.queue
+        queue.put_nowait(_event(app, 0))
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, queue.put_nowait, _event(app, 1))  # within 0.3 s of the first
+        loop.call_later(0.6, queue.put_nowait, _event(app, 2))  # after the batch was handed out
+        taken: list[list[int]] = []
+        async with aclosing(take_batches(stream, 10, within=0.3)) as batches:
+            async for batch in batches:
+                taken.append([event.message.offset for event in batch])
+                if len(taken) == 2:
+                    break
+        return taken
+
+    assert _run(app, main) == [[0, 1], [2]]
+
+
+def test_a_record_of_an_earlier_generation_is_acknowledged_and_skipped_as_faust_skips_it() -> None:
+    app = _app()
+
+    async def main() -> list[int]:
+        stream = app.channel(maxsize=100).stream()
+        stale, fresh = _event(app, 7, generation=app.consumer_generation_id - 1), _event(app, 8)
+        stream.channel.queue.put_nowait(stale)
+        stream.channel.queue.put_nowait(fresh)
+        async with aclosing(take_batches(stream, 10, within=0.01)) as batches:
+            async for batch in batches:
+                assert stale.message.acked and not fresh.message.acked
+                return [event.message.offset for event in batch]
+        raise AssertionError("no batch")
+
+    assert _run(app, main) == [8]
+
+
+def test_a_record_delivered_while_flow_is_suspended_is_skipped() -> None:
+    app = _app()
+
+    async def main() -> list[int]:
+        stream = app.channel(maxsize=100).stream()
+        early = _event(app, 1)
+        stream.channel.queue.put_nowait(early)
+        app.flow_control.suspend()  # a rebalance began
+        batches = take_batches(stream, 10, within=0.01)
+        with pytest.raises(TimeoutError):  # nothing to hand out: it waits for the next record
+            await asyncio.wait_for(batches.__anext__(), 0.1)
+        assert early.message.acked
+        app.flow_control.resume()
+        late = _event(app, 2)
+        stream.channel.queue.put_nowait(late)
+        async with aclosing(take_batches(stream, 10, within=0.01)) as again:
+            async for batch in again:
+                return [event.message.offset for event in batch]
+        raise AssertionError("no batch")
+
+    assert _run(app, main) == [2]
+
+
+def test_a_batch_left_by_an_exception_is_still_acknowledged() -> None:
+    app = _app()
+
+    async def main() -> list[Any]:
+        stream = app.channel(maxsize=100).stream()
+        events = [_event(app, offset) for offset in range(3)]
+        for event in events:
+            stream.channel.queue.put_nowait(event)
+        with pytest.raises(RuntimeError):
+            async with aclosing(take_batches(stream, 10, within=0.01)) as batches:
+                async for _batch in batches:
+                    raise RuntimeError("the agent failed")
+        return events
+
+    assert all(event.message.acked for event in _run(app, main))  # as take_events does in its finally
+
+
+def test_an_error_thrown_into_the_channel_reaches_the_agent() -> None:
+    app = _app()
+
+    async def main() -> None:
+        stream = app.channel(maxsize=100).stream()
+        queue = stream.channel.queue
+        queue.put_nowait(_event(app, 0))
+        asyncio.get_running_loop().call_later(0.05, queue._throw, ValueError("thrown"))  # while it waits for more
+        async with aclosing(take_batches(stream, 10, within=0.5)) as batches:
+            with pytest.raises(ValueError, match="thrown"):
+                await batches.__anext__()
+
+    _run(app, main)
+
+
+def test_emptying_the_queue_resumes_the_partitions_paused_while_it_was_nearly_full() -> None:
+    app = _app()
+
+    async def main() -> tuple[int, list[str]]:
+        stream = app.channel(maxsize=10).stream()  # pressure high at 8 records
+        queue = stream.channel.queue
+        calls: list[str] = []
+        for offset in range(9):
+            queue.put_nowait_enhanced(_event(app, offset), on_pressure_high=lambda: calls.append("paused"),
+                                      on_pressure_drop=lambda: calls.append("resumed"))
+        assert calls == ["paused"]
+        async with aclosing(take_batches(stream, 100, within=0.5)) as batches:
+            async for batch in batches:
+                # before the batch is processed, so the fetcher refills while the agent works
+                return len(batch), list(calls)
+        raise AssertionError("no batch")
+
+    assert _run(app, main) == (9, ["paused", "resumed"])
+
+
+def test_the_worker_consumer_fetches_with_the_short_long_poll() -> None:
+    worker = build_streams_app(Settings(kafka_bootstrap="127.0.0.1:9", topic_prefix="t."))
+    thread = worker.app.consumer._thread
+
+    async def main() -> Any:
+        return thread._create_worker_consumer(worker.app.transport)
+
+    aio = _run(worker.app, main)
+    assert aio._fetch_max_wait_ms == FETCH_MAX_WAIT_MS == 100  # Faust's driver says 1500
+    shorten_fetch_wait(worker.app.consumer, 250)
+    assert _run(worker.app, main)._fetch_max_wait_ms == 250
+
+
+def test_a_stream_with_processors_of_its_own_is_taken_by_fausts_iterator_which_runs_them() -> None:
+    app = _app()
+
+    async def main() -> tuple[list[int], list[bytes]]:
+        stream = app.channel(maxsize=100).stream()
+        seen: list[bytes] = []
+        stream.add_processor(lambda value: seen.append(value) or value)
+        for offset in range(3):
+            await stream.channel.put(_event(app, offset))
+        async with aclosing(take_batches(stream, 3, within=0.05)) as batches:
+            async for batch in batches:
+                return [event.message.offset for event in batch], seen
+        raise AssertionError("no batch")
+
+    assert _run(app, main) == ([0, 1, 2], [b"v0", b"v1", b"v2"])
+
+
+def test_stopping_the_stream_ends_a_wait_for_records() -> None:
+    app = _app()
+
+    async def main() -> list[list[int]]:
+        stream = app.channel(maxsize=100).stream()
+        taken: list[list[int]] = []
+
+        async def agent() -> None:
+            async with aclosing(take_batches(stream, 10, within=0.05)) as batches:
+                async for batch in batches:
+                    taken.append([event.message.offset for event in batch])
+
+        running = asyncio.ensure_future(agent())
+        await stream.channel.put(_event(app, 0))
+        await asyncio.sleep(0.2)
+        await stream.stop()  # what Faust does when it stops an agent; nothing cancels the agent
+        await asyncio.wait_for(running, 2)  # its iteration ended instead of waiting in queue.get()
+        return taken
+
+    assert _run(app, main) == [[0]]
+
+
+def test_the_end_faust_throws_into_the_channel_ends_the_batches_after_the_records_taken() -> None:
+    app = _app()
+
+    async def main() -> list[list[int]]:
+        stream = app.channel(maxsize=100).stream()
+        first = _event(app, 0)
+        stream.channel.queue.put_nowait(first)
+        # what faust.agents.actor does when it cancels an actor, while the batch waits for more
+        asyncio.get_running_loop().call_later(0.05, stream.channel._throw, StopAsyncIteration())
+        taken: list[list[int]] = []
+        async with aclosing(take_batches(stream, 10, within=0.5)) as batches:
+            async for batch in batches:  # a RuntimeError if StopAsyncIteration escaped the generator
+                taken.append([event.message.offset for event in batch])
+        assert first.message.acked
+        return taken
+
+    assert _run(app, main) == [[0]]
