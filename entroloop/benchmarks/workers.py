@@ -15,11 +15,12 @@ of their own (a fresh prefix each, so neither sees the other's outputs):
 
 Both are observed the same way, every 20 ms: the consumer group's committed offsets on the fleet's
 topics and the worker process's CPU time (all threads, from /proc). The measured span starts at
-the group's first commit (so start-up, group join and table recovery are left out) and ends at the
-last sample in which the process was still busy (>= ``BUSY_CORES``) before the commit that covers
-every event (a commit comes up to a second after the work is done; an idle worker uses a few
-percent of a core). events/s = events committed after the first commit / the span; CPU per event =
-the process's CPU time over the span / those events. The ratio is taken per run.
+the group's first commit (so start-up, group join and table recovery are left out) and ends where
+the work ended (:func:`end_of_work`: the last ``BUSY_WINDOW_S`` in which the process was busy, >=
+``BUSY_CORES``) before the commit that covers every event (a commit comes up to a second after the
+work is done; an idle worker uses a few percent of a core). events/s = events committed after the
+first commit / the span; CPU per event = the process's CPU time over the span / those events. The
+ratio is taken per run.
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ VARIANTS = (("plain", PLAIN_GROUP), ("faust", FAUST_GROUP), ("transport", FAUST_
 """Measured in this order in every run, each on topics of its own."""
 _POLL_S = 0.02
 BUSY_CORES = 0.3
-"""A process using at least this much of a core between two samples is still working."""
+"""A process using at least this much of a core over ``BUSY_WINDOW_S`` is still working."""
+BUSY_WINDOW_S = 0.1
+"""Ten of /proc's 10 ms CPU ticks: over one 20 ms sample a single tick of an idle worker's
+housekeeping (its fetch long-polls, timers) reads as half a core, and up to a second of idling
+before the final commit was counted as work."""
 FAUST_WORKER_ARGS = ("worker", "--log-level", "warn")
 """The deployment's worker command line (a unit test parses it with the real CLI: an option renamed
 there once left this benchmark unable to start its worker)."""
@@ -139,6 +144,23 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def end_of_work(samples: list[tuple[float, float]], busy_cores: float = BUSY_CORES,
+                window_s: float = BUSY_WINDOW_S) -> tuple[float, float]:
+    """(time, CPU seconds) where the work ended, from (time, CPU seconds) samples in time order: the
+    end of the last stretch of at least ``window_s`` between samples over which the process used at
+    least ``busy_cores``; the last sample when no stretch was busy."""
+    end = len(samples) - 1
+    while end > 0:
+        start = end - 1
+        while start > 0 and samples[end][0] - samples[start][0] < window_s:
+            start -= 1
+        (t0, c0), (t1, c1) = samples[start], samples[end]
+        if t1 > t0 and (c1 - c0) >= busy_cores * (t1 - t0):
+            return samples[end]
+        end -= 1
+    return samples[-1]
+
+
 def _watch(proc: subprocess.Popen, bootstrap: str, group: str, ends: dict[tuple[str, int], int],
            timeout_s: float, log_path: Path) -> dict[str, float]:
     """Observe ``group``'s commits on the fleet topics until they cover ``ends``; the rate between
@@ -149,8 +171,7 @@ def _watch(proc: subprocess.Popen, bootstrap: str, group: str, ends: dict[tuple[
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     tps = [TopicPartition(topic, partition) for topic, partition in ends]
     first: tuple[float, int, float] | None = None
-    busy: tuple[float, float] | None = None  # (time, cpu) of the last sample the process was busy in
-    previous = (time.monotonic(), _cpu_s(proc.pid))
+    since_first: list[tuple[float, float]] = []  # (time, cpu) from the first commit on
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -158,14 +179,13 @@ def _watch(proc: subprocess.Popen, bootstrap: str, group: str, ends: dict[tuple[
                 raise RuntimeError(f"the {group} worker exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
             committed = sum(max(0, tp.offset) for tp in probe.committed(tps, timeout=10))
             now, cpu = time.monotonic(), _cpu_s(proc.pid)
-            if (cpu - previous[1]) >= BUSY_CORES * (now - previous[0]):
-                busy = (now, cpu)
-            previous = (now, cpu)
             if committed and first is None:
                 first = (now, committed, cpu)
-            elif first is not None and committed >= total:
+            if first is not None:
+                since_first.append((now, cpu))
+            if first is not None and committed >= total:
                 events = committed - first[1]
-                end, end_cpu = busy if busy and busy[0] > first[0] else (now, cpu)
+                end, end_cpu = end_of_work(since_first)
                 seconds = end - first[0]
                 if events <= 0 or seconds <= 0:
                     raise RuntimeError("the first commit already covered every event: publish more (--requests)")

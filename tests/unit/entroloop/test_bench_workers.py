@@ -81,3 +81,22 @@ def test_the_transport_variant_runs_the_worker_command_with_processors_that_do_n
         fed = [e for e in events if isinstance(e, processor.inputs)]
         assert fed, processor.name
         assert processor.process_batch(fed) == [] and processor.on_watermark(2e9) == []
+
+
+def test_the_work_ends_where_the_process_stopped_being_busy_not_at_its_last_idle_tick() -> None:
+    # 20 ms samples of /proc's 10 ms ticks: a core's worth for 2 s, then an idle worker's
+    # housekeeping, one tick every 200 ms, until the final commit a second later
+    samples, cpu = [], 0.0
+    for step in range(151):
+        t = step * 0.02
+        if t <= 2.0:
+            cpu = round(t / 0.01) * 0.01
+        elif step % 10 == 0:
+            cpu += 0.01
+        samples.append((t, cpu))
+    end, end_cpu = workers.end_of_work(samples)
+    # a window still busy for its first 30 ms ends up to 70 ms late: the figure's resolution
+    assert 1.95 <= end <= 2.0 + 0.1 * (1 - workers.BUSY_CORES) and abs(end_cpu - 2.0) <= 0.02
+    # one tick in one 20 ms sample is half a core: judged sample by sample, the idle second was work
+    assert workers.end_of_work(samples, window_s=0.0)[0] >= 2.9
+    assert workers.end_of_work([(0.0, 0.0), (1.0, 0.0)]) == (1.0, 0.0)  # never busy: the last sample
