@@ -18,8 +18,8 @@ that the rest of Faust relies on:
   ``LeanMonitor`` keeps no per-record statistics);
 - the queue is read with its own ``get``/``get_nowait``, so an error thrown into the channel is
   raised to the agent (``StopAsyncIteration``, which Faust throws in to end a stream, ends the
-  batches after the records already taken) and the pressure-drop callbacks (which resume fetching partitions paused
-  while the queue was nearly full) run as the queue drains.
+  batches after the records already taken) and the pressure-drop callbacks (which resume fetching
+  partitions paused while the queue was nearly full) run as the queue drains.
 
 A record whose partition and offset the batch already holds is left out. A restarted worker's
 first batch can hold a record twice (seen: a fallback at the same offset 11 records apart, most
@@ -42,7 +42,7 @@ from contextlib import aclosing
 from typing import Any
 
 
-def _accept(stream: Any, event: Any, batch: list[Any], newest: dict[Any, Any], taken: set[tuple[Any, int]]) -> None:
+def _accept(stream: Any, event: Any, batch: list[Any], taken: set[tuple[Any, int]]) -> None:
     """Track ``event``'s message and add it to ``batch``; acknowledge it at once if Faust would skip it.
     A second copy of a record the batch holds is left out unacknowledged: the first copy's
     acknowledgement, after the batch, covers the offset (acknowledging it now could let a commit
@@ -64,7 +64,6 @@ def _accept(stream: Any, event: Any, batch: list[Any], newest: dict[Any, Any], t
         app.consumer.unacked.add(message)
         stream._on_message_in(message.tp, message.offset, message)
     batch.append(event)
-    newest[message.tp] = event
 
 
 async def _next_event(stream: Any, queue: Any, timeout: float | None) -> Any:
@@ -94,25 +93,22 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
     loop = asyncio.get_running_loop()
     while not stream.should_stop:
         batch: list[Any] = []
-        newest: dict[Any, Any] = {}  # partition -> its last event in the batch (for the sensors)
         taken: set[tuple[Any, int]] = set()  # (partition, offset) in the batch
         deadline = None  # set by the batch's first record
         ended = False
         try:
             while len(batch) < max_:
-                if queue.qsize():
+                if queue.qsize():  # what lies in the queue, without a wait
                     while len(batch) < max_ and queue.qsize():
-                        _accept(stream, queue.get_nowait(), batch, newest, taken)
-                    if deadline is None:
-                        deadline = loop.time() + within
-                    continue
-                remaining = None if deadline is None else deadline - loop.time()
-                if (remaining is not None and remaining <= 0) or stream.should_stop:
-                    break
-                event = await _next_event(stream, queue, remaining)
-                if event is None:
-                    break
-                _accept(stream, event, batch, newest, taken)
+                        _accept(stream, queue.get_nowait(), batch, taken)
+                else:
+                    remaining = None if deadline is None else deadline - loop.time()
+                    if (remaining is not None and remaining <= 0) or stream.should_stop:
+                        break
+                    event = await _next_event(stream, queue, remaining)
+                    if event is None:
+                        break
+                    _accept(stream, event, batch, taken)
                 if deadline is None:
                     deadline = loop.time() + within
         except StopAsyncIteration:  # thrown into the channel when Faust stops it: the iterator ends there
@@ -121,6 +117,7 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
             if ended:
                 return
             continue
+        newest = {event.message.tp: event for event in batch}  # each partition's last event, for the sensors
         states = {tp: stream._on_stream_event_in(tp, event.message.offset, stream, event)
                   for tp, event in newest.items()}
         try:
