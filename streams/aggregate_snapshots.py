@@ -18,8 +18,10 @@ record at or below the offset it covers: whatever the crash interrupted, each re
 Outputs made again (a window closed after the snapshot) carry the same event ids and counts.
 The snapshot is restored by the processor's first batch after the start, or by the worker's idle
 timer when no record comes: a worker restarted into silence restores the newest event time its
-inputs had delivered with the windows, and closes them once its inputs have been silent and caught
-up for ``ENTROLOOP_STREAMS_WATERMARK_IDLE_S``, as the worker it replaces would have.
+inputs had delivered with the windows, counts it as already silent for
+``ENTROLOOP_STREAMS_WATERMARK_IDLE_S`` (``WatermarkCadence.resume``), and once the broker says its
+inputs are caught up moves event time on from it by the time since the restart, closing the windows
+that time has passed.
 
 Stored in a Faust table of one key in changelog partition 0 (compacted: recovery reads one record),
 recovered by Faust before the agents get records. One worker per aggregating processor (``entroloop

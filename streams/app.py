@@ -681,9 +681,11 @@ class StreamsApp:
     async def _restore_into_silence(self) -> None:
         """A restarted worker that no record reaches (its inputs were all committed before the
         restart) restores each aggregating processor's snapshot here instead of on the first batch,
-        and starts its event time from the snapshot's newest one: the restored windows then close
-        once the inputs have been silent and caught up for ``idle_s``, as the worker it replaces
-        would have closed them. Only when the broker confirms nothing is left to read: with records
+        and starts its event time from the snapshot's newest one, counted as silent for ``idle_s``
+        already (``WatermarkCadence.resume``): the idle timer then moves it on by the time since the
+        restart and closes the restored windows that time has passed. Each processor is asked about
+        on its own inputs (one busy input of another processor must not hold it back). Only when the
+        broker confirms nothing is left to read: with records
         to come, the first batch restores it and the event time waits for every partition behind
         (``WatermarkCadence.expect``). Timers run once Faust's first recovery is done, so the
         snapshot table is complete."""

@@ -11,8 +11,9 @@ records fetched around a rebalance (a read offset left from an earlier assignmen
 out, records handed over while flow is suspended are dropped, a changelog queue is cleared when
 flow resumes), and after each the consumer never hands those records over again.
 
-``stalled_recovery_check`` (run by a timer) finds an active changelog partition that is behind the
-high watermark the recovery aims for and has received nothing for ``RECOVERY_STALL_S``, logs what
+``stalled_recovery_check`` (run every few seconds by ``watch_recovery``, a task of the worker) finds
+an active changelog partition that is behind the high watermark the recovery aims for and has
+received nothing for ``RECOVERY_STALL_S``, logs what
 the consumer holds for it (paused, read offset) and fetches it again from the recovery's offset:
 resumed, read offset reset, sought on the consumer's own thread. Records read twice are harmless
 (the recovery applies only offsets past the one it has). A recovery that is making progress is
@@ -42,7 +43,7 @@ def stalled_recovery_check(
     stall_after_s: float = RECOVERY_STALL_S,
     clock: Callable[[], float] = time.monotonic,
 ) -> Callable[[], list[Any]]:
-    """A check for a timer over Faust's ``Recovery`` (``app.tables.recovery``): each active
+    """A check over Faust's ``Recovery`` (``app.tables.recovery``): each active
     changelog partition that still has records to read and has received none for ``stall_after_s``
     (since the recovery started, its last record, or the last time this check fetched it) is fetched
     again from the recovery's offset. Returns the partitions it fetched again."""
@@ -58,8 +59,9 @@ def stalled_recovery_check(
         for tp, remaining in recovery.active_remaining().items():
             if remaining <= 0 or tp not in consumer.assignment():
                 continue
-            quiet_since = max(received_at.get(tp, recovery._recovery_started_at),
-                              recovery._recovery_started_at, fetched_at.get(tp, float("-inf")))
+            # Faust clears received_at when a recovery starts: a partition quiet since then has no entry.
+            quiet_since = max(recovery._recovery_started_at, received_at.get(tp, float("-inf")),
+                              fetched_at.get(tp, float("-inf")))
             if now - quiet_since < stall_after_s:
                 continue
             offset = max(recovery.active_offsets.get(tp) or 0, 0)  # Faust's convention: -1 reads from 0
