@@ -164,7 +164,8 @@ def end_of_work(samples: list[tuple[float, float]], busy_cores: float = BUSY_COR
 def _watch(proc: subprocess.Popen, bootstrap: str, group: str, ends: dict[tuple[str, int], int],
            timeout_s: float, log_path: Path) -> dict[str, float]:
     """Observe ``group``'s commits on the fleet topics until they cover ``ends``; the rate between
-    the first commit and that one, and the process's CPU time per event meanwhile."""
+    the first commit and the end of the work that last commit covers (:func:`end_of_work`), and the
+    process's CPU time per event meanwhile."""
     from confluent_kafka import Consumer, TopicPartition
 
     total = sum(ends.values())
@@ -276,7 +277,8 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     r: dict[str, Repeated] = result["repeated"]
     note = (f"{result['events']:,} fleet events ({result['requests']:,} requests: tokens, audit, feedback, fallbacks) "
             f"on {result['partitions']} partitions per topic, drained by one worker process each; rate between the "
-            "group's first commit and the commit covering every event (both commit every 1 s)")
+            "group's first commit and the end of the work (the last 100 ms busy) before the commit covering every "
+            "event (both commit every 1 s)")
     faust = r["faust_events_per_s"]
     ratio = r["ratio"]
     return [
