@@ -47,6 +47,13 @@ def _run(app: Any, main: Any) -> Any:
     return app.loop.run_until_complete(main())
 
 
+async def _first_batch_offsets(stream: Any) -> list[int]:
+    async with aclosing(take_batches(stream, 10, within=0.01)) as batches:
+        async for batch in batches:
+            return [event.message.offset for event in batch]
+    raise AssertionError("no batch")
+
+
 def test_a_batch_is_what_the_queue_holds_up_to_max_and_is_acknowledged_only_after_it_is_handed_out(app: Any) -> None:
 
     async def main() -> list[list[int]]:
@@ -119,10 +126,7 @@ def test_a_record_delivered_while_flow_is_suspended_is_skipped(app: Any) -> None
         app.flow_control.resume()
         late = _event(app, 2)
         stream.channel.queue.put_nowait(late)
-        async with aclosing(take_batches(stream, 10, within=0.01)) as again:
-            async for batch in again:
-                return [event.message.offset for event in batch]
-        raise AssertionError("no batch")
+        return await _first_batch_offsets(stream)
 
     assert _run(app, main) == [2]
 
@@ -259,3 +263,40 @@ def test_a_second_copy_of_a_record_in_the_same_batch_is_left_out(app: Any) -> No
         return taken, [first.message.acked, other.message.acked]
 
     assert _run(app, main) == ([(0, 5), (1, 5)], [True, True])
+
+
+def test_an_error_thrown_while_records_wait_is_raised_before_they_are_taken(app: Any) -> None:
+    # mode's get_nowait raises a thrown error before it pops the next record: taking the records
+    # that lie in the queue must not pass over it
+
+    async def main() -> None:
+        stream = app.channel(maxsize=100).stream()
+        queue = stream.channel.queue
+        for offset in range(3):
+            queue.put_nowait(_event(app, offset))
+        queue._throw(ValueError("thrown"))  # no reader waiting: kept for the next get
+        async with aclosing(take_batches(stream, 10, within=0.01)) as batches:
+            with pytest.raises(ValueError, match="thrown"):
+                await batches.__anext__()
+        assert queue.qsize() == 3  # the records stay for whoever reads on
+
+    _run(app, main)
+
+
+def test_a_record_another_channel_still_holds_is_not_acknowledged_with_the_batch(app: Any) -> None:
+    # Message.ack drops one reference per stream; only the last one makes the offset committable
+
+    async def main() -> tuple[list[bool], list[int], bool]:
+        stream = app.channel(maxsize=100).stream()
+        shared, own = _event(app, 0), _event(app, 1)
+        shared.message.incref(1)  # delivered to a second channel too
+        for event in (shared, own):
+            stream.channel.queue.put_nowait(event)
+        async with aclosing(take_batches(stream, 10, within=0.01)) as batches:
+            async for _ in batches:
+                break
+        acked = [shared.message.acked, own.message.acked]
+        refs = [shared.message.refcount, own.message.refcount]
+        return acked, refs, shared.message in app.consumer.unacked
+
+    assert _run(app, main) == ([False, True], [1, 0], True)
