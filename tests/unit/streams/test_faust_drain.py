@@ -101,3 +101,59 @@ def test_an_error_in_the_callback_propagates() -> None:
             raise AssertionError("no error")
 
     run(main)
+
+
+def test_the_producer_ebb_waits_by_fausts_method_exactly_when_more_than_max_messages_wait() -> None:
+    from entroloop.streams.faust_drain import lean_producer_ebb
+    from faust.transport.producer import ProducerBuffer
+
+    async def main() -> list[int]:
+        buffer = ProducerBuffer()
+        waited: list[int] = []
+
+        async def fausts_wait_until_ebb() -> None:  # stands in for the flush Faust's method does
+            waited.append(buffer.pending.qsize())
+
+        buffer.wait_until_ebb = fausts_wait_until_ebb
+        lean = lean_producer_ebb(buffer, threaded=False)
+        for size in range(buffer.max_messages + 2):
+            await lean()
+            buffer.pending.put_nowait(size)
+        await lean()
+        return waited
+
+    assert run(main) == [ProducerBuffer.max_messages + 1, ProducerBuffer.max_messages + 2]
+
+
+def test_the_conductor_callback_delivers_at_once_when_its_lock_is_free_and_waits_while_a_rebalance_holds_it() -> None:
+    from entroloop.streams.app import build_streams_app
+    from entroloop.streams.faust_drain import lean_conductor_callback
+    from faust.types import TP
+    from faust.types.tuples import Message
+
+    from entroloop.contract.settings import Settings
+
+    app = build_streams_app(Settings(kafka_bootstrap="127.0.0.1:9", topic_prefix="t.")).app
+    conductor = app.topics
+    tp = TP("t.x", 0)
+    delivered: list[int] = []
+
+    async def handler(message: Message) -> None:
+        delivered.append(message.offset)
+
+    async def main() -> list[list[int]]:
+        conductor._tp_to_callback[tp] = handler
+        on_message = lean_conductor_callback(conductor)
+        seen: list[list[int]] = []
+        await on_message(Message("t.x", 0, 1, 0.0, 0, None, b"k", b"v", None, tp=tp))
+        seen.append(list(delivered))
+        await conductor._tp_to_callback_lock.acquire()  # as _update_indices holds it while it rebuilds
+        pending = asyncio.ensure_future(on_message(Message("t.x", 0, 2, 0.0, 0, None, b"k", b"v", None, tp=tp)))
+        await asyncio.sleep(0.02)
+        seen.append(list(delivered))  # not before the handlers are rebuilt
+        conductor._tp_to_callback_lock.release()
+        await asyncio.wait_for(pending, 1)
+        seen.append(list(delivered))
+        return seen
+
+    assert app.loop.run_until_complete(main()) == [[1], [1], [1, 2]]

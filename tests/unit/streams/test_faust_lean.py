@@ -48,6 +48,8 @@ def test_input_topics_hand_over_the_fetched_bytes_as_the_raw_codec_does(key: byt
     got, want = asyncio.run(both())
     assert (got.key, got.value) == (want.key, want.value) == (key, value)
     assert type(got.value) is type(want.value)
+    assert type(got) is type(want) and got.headers == want.headers and got.message is not None
+    assert (got.message.topic, got.message.offset) == (want.message.topic, want.message.offset)
 
 
 def test_the_workers_monitor_keeps_the_inbound_time_faust_checks_and_skips_per_record_stats() -> None:
