@@ -121,10 +121,19 @@ def _ack_all(stream: Any, batch: list[Any]) -> None:
                 message_out(message.tp, message.offset, message)
 
 
+def _seen(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 async def _next_event(stream: Any, queue: Any, timeout: float | None) -> Any:
     """The queue's next event; None when ``timeout`` passes or the stream stops first (Faust stops
     an agent's stream and waits for its iteration to end: a bare ``queue.get()`` would hold it)."""
     getter = asyncio.ensure_future(queue.get())
+    # An error thrown into the queue in the same turn as the agent's cancellation (how Faust stops
+    # an agent) ends this read after nobody waits for it: marked as seen, or asyncio logs it with a
+    # traceback when the task is collected. When this returns, the result below still raises it.
+    getter.add_done_callback(_seen)
     stopped = asyncio.ensure_future(stream._stopped.wait())
     try:
         await asyncio.wait((getter, stopped), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

@@ -300,3 +300,33 @@ def test_a_record_another_channel_still_holds_is_not_acknowledged_with_the_batch
         return acked, refs, shared.message in app.consumer.unacked
 
     assert _run(app, main) == ([False, True], [1, 0], True)
+
+
+def test_an_error_thrown_into_the_queue_as_the_agent_is_cancelled_is_not_left_unretrieved(app: Any) -> None:
+    # Faust stops an agent by throwing StopAsyncIteration into its channel and cancelling it; when
+    # both land in one turn of the loop, the error ends the queue read nobody reads any more, and
+    # asyncio logged "Task exception was never retrieved" with a traceback in every stopping worker
+
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        unretrieved: list[Any] = []
+        loop.set_exception_handler(lambda _loop, context: unretrieved.append(context.get("exception")))
+        stream = app.channel(maxsize=100).stream()
+
+        async def agent() -> None:
+            async with aclosing(take_batches(stream, 10, within=0.5)) as batches:
+                async for _ in batches:
+                    pass
+
+        running = asyncio.ensure_future(agent())
+        await asyncio.sleep(0.01)  # it waits for a record
+        stream.channel._throw(StopAsyncIteration())
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        await asyncio.sleep(0.01)
+        gc.collect()  # a task's unretrieved exception is reported when the task is collected
+        await asyncio.sleep(0)
+        return unretrieved
+
+    assert _run(app, main) == []
