@@ -75,10 +75,34 @@ HOW_TO = {
 }
 
 
+class BenchmarksFileError(ValueError):
+    """The figures file next to the report cannot be read: nothing is merged into it."""
+
+
+def stored_figures(path: Path = Path("BENCHMARKS.md")) -> dict[str, Any]:
+    """Every section's figures kept next to the report ``path`` (its ``.json``); {} before the first.
+
+    Raises ``BenchmarksFileError``, naming the file and the fix, when that file is not a JSON object:
+    a benchmark checks this before it measures, so minutes of measuring are not lost at the end."""
+    data_path = path.with_suffix(".json")
+    if not data_path.exists():
+        return {}
+    try:
+        stored = json.loads(data_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BenchmarksFileError(
+            f"{data_path} is not valid JSON ({exc}); it holds every section of {path.name}: restore it "
+            f"(`git checkout -- {data_path}`), delete it to start the report afresh, or pass another --out") from exc
+    if not isinstance(stored, dict):
+        raise BenchmarksFileError(f"{data_path} holds a {type(stored).__name__}, not the sections of {path.name}: "
+                                  f"restore it (`git checkout -- {data_path}`) or delete it")
+    return stored
+
+
 def write_benchmarks(figures: list[Figure], path: Path = Path("BENCHMARKS.md")) -> Path:
     """Merge ``figures`` into ``path`` (sections present in ``figures`` are replaced)."""
     data_path = path.with_suffix(".json")
-    stored: dict[str, Any] = json.loads(data_path.read_text()) if data_path.exists() else {}
+    stored = stored_figures(path)
     sections = {f.section for f in figures}
     here, today = machine(), time.strftime("%Y-%m-%d")
     measured = stored.setdefault("_measured", {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -12,7 +13,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from entroloop.benchmarks.report import write_benchmarks
+from entroloop.benchmarks.report import (
+    BenchmarksFileError,
+    stored_figures,
+    write_benchmarks,
+)
 
 bench_app = typer.Typer(help="Measure throughput, latency and detection quality; write BENCHMARKS.md.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -21,7 +26,28 @@ Out = Annotated[Path, typer.Option("--out", help="The Markdown report to update.
 AsJson = Annotated[bool, typer.Option("--json", help="End with the results as one JSON line.")]
 
 
-@bench_app.command()
+def checks_report_first(command):
+    """``command`` that first checks its ``--out`` report can be merged into (a benchmark measures for
+    minutes, then writes): a clear error and exit 2 instead of a traceback after the work."""
+
+    @functools.wraps(command)
+    def checked(*args, **kwargs):
+        try:
+            stored_figures(kwargs.get("out", Path("BENCHMARKS.md")))
+            return command(*args, **kwargs)
+        except BenchmarksFileError as exc:
+            console.print(f"[red]bench {name_of(command)}: {exc}[/red]")
+            raise typer.Exit(2) from None
+
+    return checked
+
+
+def name_of(command) -> str:
+    return getattr(command, "__name__", "").replace("_", "-")
+
+
+@bench_app.command("detectors")
+@checks_report_first
 def detectors(
     requests: Annotated[int, typer.Option(help="Synthetic requests to run through every processor.")] = 3000,
     out: Out = Path("BENCHMARKS.md"),
@@ -99,8 +125,7 @@ def run_all(
 
 
 def _wrote_section(name: str, out: Path) -> bool:
-    data_path = out.with_suffix(".json")
-    stored = json.loads(data_path.read_text()) if data_path.exists() else {}
+    stored = stored_figures(out)
     return any(section.lower() == name.lower() for section in stored)
 
 
@@ -116,7 +141,7 @@ BENCHMARKS: dict[str, object] = {"detectors": detectors}
 
 
 def add_benchmark(name: str, command) -> None:
-    bench_app.command(name)(command)
+    bench_app.command(name)(checks_report_first(command))
     BENCHMARKS[name] = command
 
 

@@ -159,3 +159,21 @@ def test_lag_figures_put_the_action_runner_before_and_after_side_by_side() -> No
     no_baseline = {f.name for f in lag.figures({**result, "alerts": {k: v for k, v in alerts.items()
                                                                        if not k.startswith(("before_", "action_p99_before"))}})}
     assert not any(name.startswith("before:") or "before / after" in name for name in no_baseline)
+
+
+def test_a_bench_refuses_an_unreadable_figures_file_before_it_measures(tmp_path: Path) -> None:
+    # every section lives in BENCHMARKS.json: a bench that merged into a broken one failed with a raw
+    # JSONDecodeError after minutes of measuring; it now names the file and the fix, and exits first
+    out = tmp_path / "B.md"
+    out.with_suffix(".json").write_text("{not json")
+    for name in ("workers", "detectors"):
+        result = CliRunner().invoke(app, ["bench", name, "--broker" if name == "workers" else "--requests",
+                                          "127.0.0.1:1" if name == "workers" else "100", "--out", str(out)])
+        said = " ".join(result.output.split())  # rich wraps the message
+        assert result.exit_code == 2, said
+        assert "B.json is not valid JSON" in said and "git checkout" in said
+    assert out.with_suffix(".json").read_text() == "{not json"  # left as it was
+    assert not out.exists()
+    out.with_suffix(".json").write_text("[]")
+    said = CliRunner().invoke(app, ["bench", "workers", "--broker", "127.0.0.1:1", "--out", str(out)]).output
+    assert "holds a list" in " ".join(said.split())
