@@ -10,15 +10,17 @@ that the rest of Faust relies on:
 - a record of an earlier consumer generation, or one delivered while flow is suspended (a
   rebalance), is skipped and acknowledged, exactly as the iterator skips it;
 - each record is tracked as unacknowledged on arrival and acknowledged after the batch was handed
-  out (what ``event.ack()`` does, for the whole batch under one hold of Faust's ``ack_lock``), also when the caller leaves the batch by an exception or a cancellation
-  (as ``take_events`` does in its ``finally``; ``entroloop.streams.faust_batches`` finishes the
+  out (what ``event.ack()`` does, for the whole batch under one hold of Faust's ``ack_lock``),
+  also when the caller leaves the batch by an exception or a cancellation (as ``take_events`` does
+  in its ``finally``; ``entroloop.streams.faust_batches`` finishes the
   batch before a cancellation gets that far);
 - the sensors hear one ``on_stream_event_in``/``out`` per partition per batch (the aiokafka
   driver's slow-processing check reads the inbound time per partition; the worker's
   ``LeanMonitor`` keeps no per-record statistics);
 - the queue is read with its own ``get``/``get_nowait`` (or, when those would only pop its head,
-  by popping the head: ``_take_nowait``), so an error thrown into the channel is raised to the agent (``StopAsyncIteration``, which Faust throws in to end a stream, ends the
-  batches after the records already taken) and the pressure-drop callbacks (which resume fetching
+  by popping the head: ``_take_nowait``), so an error thrown into the channel is raised to the
+  agent (``StopAsyncIteration``, which Faust throws in to end a stream, ends the batches after the
+  records already taken) and the pressure-drop callbacks (which resume fetching
   partitions paused while the queue was nearly full) run as the queue drains.
 
 A record whose partition and offset the batch already holds is left out. A restarted worker's
@@ -50,7 +52,7 @@ from faust.types.tuples import ack_lock
 
 
 class _Admission:
-    """What ``_accept`` reads from the app, read once per stretch of records taken without a wait.
+    """What ``accept`` reads from the app, read once per stretch of records taken without a wait.
 
     Flow control, the consumer generation and the set of acknowledged topics change only in other
     tasks of this event loop (a rebalance), never between two records taken without a wait."""

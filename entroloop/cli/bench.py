@@ -36,14 +36,10 @@ def checks_report_first(command):
             stored_figures(kwargs.get("out", Path("BENCHMARKS.md")))
             return command(*args, **kwargs)
         except BenchmarksFileError as exc:
-            console.print(f"[red]bench {name_of(command)}: {exc}[/red]")
+            console.print(f"[red]bench {command.__name__.replace('_', '-')}: {exc}[/red]")
             raise typer.Exit(2) from None
 
     return checked
-
-
-def name_of(command) -> str:
-    return getattr(command, "__name__", "").replace("_", "-")
 
 
 @bench_app.command("detectors")
