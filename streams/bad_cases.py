@@ -307,7 +307,7 @@ class BadCaseJoiner(Processor):
             # the sinks and the retrain trigger absorb), because the changelog can reach the broker
             # while the bad cases themselves did not (another partition and broker, or a delivery
             # refused, after which the worker stops and its inputs are replayed).
-            cases: list[Event] = [self.build(record, fb) for fb in entry.joined_feedback]
+            cases: list[Event] = [self._case(record, fb) for fb in entry.joined_feedback]
             waiting, entry.waiting_feedback = entry.waiting_feedback, []
             cases += [self._join(entry, fb) for fb in waiting]
             self.state[record.request_id] = entry  # write back: a changelogged table logs on set
@@ -345,7 +345,7 @@ class BadCaseJoiner(Processor):
             return self.tenant_mismatch(audit, feedback)
         if all(fb.event_id != feedback.event_id for fb in entry.joined_feedback):
             entry.joined_feedback.append(feedback)
-        return self.build(audit, feedback)
+        return self._case(audit, feedback)
 
     def tenant_mismatch(self, audit: Audit, feedback: Feedback) -> DeadLetter:
         """The dead letter of a correction on another tenant's answer (same id on redelivery).
@@ -377,8 +377,13 @@ class BadCaseJoiner(Processor):
 
         Every text is redacted (idempotent: the gateway already redacted the audit's), so no raw
         PII from a correction reaches the BadCase, whoever calls this."""
+        return self._case(audit, self._redacted_feedback(feedback))
+
+    def _case(self, audit: Audit, feedback: Feedback) -> BadCase:
+        """``build`` of a feedback already redacted (``_redacted_feedback``: what the join state
+        holds); the audit's texts are redacted again here (idempotent), whoever produced them."""
         redact = self.redactor.redact_text
-        response, correction = redact(audit.response), redact(feedback.corrected_answer)
+        response, correction = redact(audit.response), feedback.corrected_answer
         rule_labels = self.rules.compare(response, correction, audit.route)
         span, _ = minimal_failing_span(response, correction)
         confidence = bad_case_confidence(rule_labels, span, response, feedback, self.negative_rating)
