@@ -109,8 +109,8 @@ def tokenize(text: str) -> list[Token]:
 
 @functools.lru_cache(maxsize=64)
 def _tokens(text: str) -> tuple[Token, ...]:
-    # Cached like _date_spans, for the same reason: one bad case tokenizes its response three times
-    # and its correction twice (diff, failing example, content tokens). Tokens are frozen: sharing is safe.
+    # Cached like _date_spans, for the same reason: one bad case tokenizes its response and its
+    # correction more than once (diff, failing example, content tokens). Frozen tokens: safe to share.
     return tuple([Token(m.group(), *m.span()) for m in _TOKEN_RE.finditer(text)])
 
 
