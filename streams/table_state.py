@@ -144,6 +144,12 @@ class TableState(MutableMapping[str, V]):
         with self._lock:
             return key in self._view()
 
+    def get(self, key: str, default: Any = None) -> Any:
+        # Mapping.get would go through __getitem__ and a KeyError for every key not held: most
+        # lookups (each new request's) miss.
+        with self._lock:
+            return self._view().get(key, default)
+
     def __setitem__(self, key: str, value: V) -> None:
         k = key.encode()
         with self._lock:

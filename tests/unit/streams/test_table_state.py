@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
-from entroloop.streams.bad_cases import BadCaseJoiner, JoinEntry
+from entroloop.streams.bad_cases import BadCaseJoiner, JoinedAudit, JoinEntry
 from entroloop.streams.table_state import TableState
+
+from entroloop.contract.records import Audit, BadCase, Feedback
 
 from .analytics_records import audit, feedback
 
@@ -117,3 +120,43 @@ def test_delete_of_a_missing_key_raises_and_a_key_without_partition_is_refused_a
         del state["nope"]
     with pytest.raises(RuntimeError):
         state["k"] = JoinEntry()  # no partition known for a brand-new key outside a group
+
+
+def test_get_sees_what_indexing_sees_and_a_default_for_keys_not_held() -> None:
+    table = FakeTable()
+    table.recover([(1, b"recovered", BadCaseJoiner.table_state.encode(JoinEntry(last_seen=1.0)))])
+    state: TableState[JoinEntry] = TableState(table, BadCaseJoiner.table_state)
+    state.partition = 1
+    state["pending"] = JoinEntry(last_seen=2.0)
+    state["sealed"] = JoinEntry(last_seen=3.0)
+    state.seal()
+    state["gone"] = JoinEntry()
+    del state["gone"]
+    for key in ("recovered", "pending", "sealed"):
+        assert state.get(key) == state[key] and state.get(key).last_seen > 0  # type: ignore[union-attr]
+    marker = JoinEntry(last_seen=-1.0)
+    assert state.get("gone") is None and state.get("never", marker) is marker
+
+
+def test_a_changelog_written_with_whole_audits_reads_back_and_joins() -> None:
+    # Until the join kept a JoinedAudit, each entry held the whole Audit record: a worker upgraded
+    # over such a changelog must read those entries and still join their corrections.
+    class WholeAuditEntry(msgspec.Struct):
+        audit: Audit | None = None
+        waiting_feedback: list[Feedback] = []
+        joined_feedback: list[Feedback] = []
+        last_seen: float = 0.0
+
+    answer = audit("old-entry", response="余额为120.00元")
+    table = FakeTable()
+    whole = msgspec.msgpack.encode(WholeAuditEntry(audit=answer, last_seen=answer.emitted_at))
+    table.recover([(0, b"old-entry", whole)])
+    joiner, state = joiner_on(table)
+    state.partition = 0
+    entry = state["old-entry"]
+    assert entry.audit == JoinedAudit.of(answer) and entry.last_seen == answer.emitted_at
+    [case] = joiner.process(feedback("old-entry", corrected=CORRECTION))
+    assert isinstance(case, BadCase) and case.audit_id == answer.audit_id and case.model == answer.model
+    assert state.flush() == 1
+    [(_, key, rewritten)] = table.changelog
+    assert key == b"old-entry" and rewritten is not None and len(rewritten) < len(whole)  # written back slim
