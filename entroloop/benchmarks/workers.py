@@ -111,19 +111,37 @@ def _end_offsets(bootstrap: str, prefix: str, topics: list[str]) -> dict[tuple[s
         consumer.close()
 
 
-def _changelog_records(bootstrap: str, prefix: str) -> int:
-    """Records in the worker's table changelog topics (the bad-case join, the entropy carry)."""
-    from confluent_kafka import Consumer, TopicPartition
+def _changelog_usage(bootstrap: str, prefix: str) -> tuple[int, int]:
+    """Records, and bytes of keys and values, in the worker's table changelog topics (the bad-case
+    join, the entropy carry): what a restarted worker reads back before it resumes."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "entroloop-bench-probe"})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "entroloop-bench-probe",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
     try:
-        total = 0
+        assigned: list[TopicPartition] = []
         for name, topic in consumer.list_topics(timeout=30).topics.items():
             if name.startswith(prefix) and name.endswith("-changelog"):
                 for partition in topic.partitions:
                     low, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=30)
-                    total += high - low
-        return total
+                    if high > low:
+                        assigned.append(TopicPartition(name, partition, low))
+        records = size = 0
+        if assigned:
+            consumer.assign(assigned)
+            open_partitions = {(tp.topic, tp.partition) for tp in assigned}
+            deadline = time.monotonic() + 120
+            while open_partitions and time.monotonic() < deadline:
+                for message in consumer.consume(10_000, timeout=1.0):
+                    if message.error() is not None:
+                        if message.error().code() == KafkaError._PARTITION_EOF:
+                            open_partitions.discard((message.topic(), message.partition()))
+                        continue
+                    records += 1
+                    size += len(message.key() or b"") + len(message.value() or b"")
+            if open_partitions:
+                raise RuntimeError(f"changelog partitions not read to their end in 120 s: {sorted(open_partitions)}")
+        return records, size
     finally:
         consumer.close()
 
@@ -246,7 +264,8 @@ def measure_once(bootstrap: str, payloads: list[tuple[str, bytes, bytes]], parti
             try:
                 measured = _watch(proc, bootstrap, prefix + group, ends, timeout_s, log_path)
                 if variant == "faust":
-                    result["faust_changelog_records"] = float(_changelog_records(bootstrap, prefix))
+                    records, size = _changelog_usage(bootstrap, prefix)
+                    result["faust_changelog_records"], result["faust_changelog_bytes"] = float(records), float(size)
             finally:
                 _stop(proc)
                 delete_topics(bootstrap, prefix)
@@ -294,6 +313,8 @@ def figures(result: dict[str, Any]) -> list[Figure]:
         Figure.repeated(SECTION, "Faust worker CPU while draining", r["faust_cores"], "cores"),
         Figure.repeated(SECTION, "Faust table changelog records", r["faust_changelog_records"], "records",
                         note="one per key per batch (the bad-case join keeps an entry per request)"),
+        Figure.repeated(SECTION, "Faust table changelog bytes", r["faust_changelog_bytes"], "bytes",
+                        note="keys and values: what a restarted worker reads back before it resumes"),
         Figure.repeated(SECTION, "Faust worker, processors doing nothing (its transport alone)",
                         r["transport_events_per_s"], "events/s",
                         note="the same worker and inputs, every processor's work replaced by nothing (no outputs, "

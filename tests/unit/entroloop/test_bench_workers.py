@@ -30,7 +30,7 @@ def test_figures_report_medians_spreads_and_the_targets() -> None:
         "faust_events_per_s": rep(21_000, 25_000, 19_000), "plain_events_per_s": rep(40_000, 42_000, 30_000),
         "ratio": rep(0.525, 0.595, 0.633), "faust_cpu_us_per_event": rep(50, 60, 55),
         "plain_cpu_us_per_event": rep(30, 31, 29), "cpu_ratio": rep(1.7, 1.9, 1.8), "faust_cores": rep(1, 1, 1),
-        "faust_changelog_records": rep(40_000, 40_000, 40_000),
+        "faust_changelog_records": rep(40_000, 40_000, 40_000), "faust_changelog_bytes": rep(9e6, 1.1e7, 1e7),
         "transport_events_per_s": rep(30_000, 31_000, 29_000), "transport_cpu_us_per_event": rep(33, 32, 34),
         "processors_cpu_us_per_event": rep(17, 28, 21)}}
     figures = {f.name: f for f in workers.figures(result)}
@@ -42,6 +42,7 @@ def test_figures_report_medians_spreads_and_the_targets() -> None:
     transport = figures["Faust worker, processors doing nothing (its transport alone)"]
     assert transport.value == 30_000 and transport.target in (None, "")  # a diagnosis, not a target
     assert figures["processors' CPU per event in the Faust worker"].value == 21
+    assert figures["Faust table changelog bytes"].value == 1e7 and figures["Faust table changelog bytes"].runs == 3
     result["repeated"]["ratio"] = rep(0.2, 0.3, 0.4)
     assert {f.name: f for f in workers.figures(result)}["Faust / plain throughput"].met is False
 
