@@ -104,14 +104,18 @@ _TOKEN_RE = re.compile(
 
 def tokenize(text: str) -> list[Token]:
     """Split CJK per character, latin by words, numbers whole, other symbols singly."""
-    return list(_tokens(text))
+    return list(_recent_tokens(text) if len(text) <= _CACHED_TOKENS_MAX_CHARS else _scan_tokens(text))
 
 
-@functools.lru_cache(maxsize=64)
-def _tokens(text: str) -> tuple[Token, ...]:
-    # Cached like _date_spans, for the same reason: one bad case tokenizes its response and its
-    # correction more than once (diff, failing example, content tokens). Frozen tokens: safe to share.
+def _scan_tokens(text: str) -> tuple[Token, ...]:
     return tuple([Token(m.group(), *m.span()) for m in _TOKEN_RE.finditer(text)])
+
+
+# One bad case tokenizes its response and its correction more than once (diff, failing example,
+# content tokens): at most four texts, back to back. Only short ones are kept (a token costs ~100
+# bytes, so a 1 MiB answer's would be tens of MB); frozen tokens are safe to share.
+_CACHED_TOKENS_MAX_CHARS = 4096
+_recent_tokens = functools.lru_cache(maxsize=8)(_scan_tokens)
 
 
 # --- extraction ------------------------------------------------------------------------------
@@ -134,6 +138,8 @@ _UNIT_AFTER_RE = re.compile(
 )
 # An amount in yuan: optional ¥/￥ before, 元 after (or both). Group 1 is the number.
 _YUAN_RE = re.compile(r"[¥￥]\s*(\d[\d,，]*(?:\.\d+)?)|(\d[\d,，]*(?:\.\d+)?)\s*元")
+# The house format for amounts: thousands grouped by commas (optional), exactly two decimals.
+_YUAN_OK = re.compile(r"^(?:\d{1,3}(?:,\d{3})+|\d+)\.\d{2}$")
 
 
 def _yuan_matches(text: str) -> Iterator[re.Match[str]]:
@@ -142,8 +148,8 @@ def _yuan_matches(text: str) -> Iterator[re.Match[str]]:
     if "元" in text or "¥" in text or "￥" in text:
         return _YUAN_RE.finditer(text)
     return iter(())
-# The house format for amounts: thousands grouped by commas (optional), exactly two decimals.
-_YUAN_OK = re.compile(r"^(?:\d{1,3}(?:,\d{3})+|\d+)\.\d{2}$")
+
+
 _MONTHS = {
     name: i
     for i, names in enumerate(

@@ -38,6 +38,19 @@ def test_tokenize_splits_cjk_per_character_and_latin_by_words() -> None:
     assert all(text[t.start : t.end] == t.text for t in toks)
 
 
+def test_tokenize_keeps_short_texts_for_the_next_call_and_never_a_long_one() -> None:
+    from entroloop.streams import rules
+
+    short, long = "总价 1,234.50元, don't stop", "很长的回答 " * 1000
+    rules._recent_tokens.cache_clear()
+    first = tokenize(short)
+    assert tokenize(short) == first and rules._recent_tokens.cache_info().hits == 1
+    first.clear()  # a caller's list is its own
+    assert [t.text for t in tokenize(short)][:2] == ["总", "价"]
+    held = rules._recent_tokens.cache_info().currsize
+    assert len(tokenize(long)) == 5000 and rules._recent_tokens.cache_info().currsize == held
+
+
 def test_tokenize_kana_hangul_are_per_character() -> None:
     assert [t.text for t in tokenize("東京タワー 서울")] == ["東", "京", "タ", "ワ", "ー", "서", "울"]
 
@@ -68,6 +81,7 @@ def test_quantities_prefer_longest_unit() -> None:
         ("共1,234.50元", []),
         ("共1,234.5元", ["1,234.5"]),
         ("¥30", ["30"]),
+        ("￥30", ["30"]),  # the full-width mark alone: no 元, no ¥
         ("￥30.00", []),
         ("no money here 12", []),
     ],
