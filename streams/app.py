@@ -84,7 +84,7 @@ from entroloop.streams.aggregate_snapshots import SnapshotKeeper, keeps_snapshot
 from entroloop.streams.base import Processor, derive
 from entroloop.streams.faust_batches import finish_before_cancel
 from entroloop.streams.faust_delivery import DeliveryGuard
-from entroloop.streams.faust_drain import install_eager_drain
+from entroloop.streams.faust_drain import install_lean_drain
 from entroloop.streams.faust_fetch import shorten_fetch_wait
 from entroloop.streams.faust_monitor import LeanMonitor
 from entroloop.streams.faust_offsets import (
@@ -443,7 +443,7 @@ class StreamsApp:
             stalled()
 
         self.app.timer(REDELIVER_AFTER_S / 2)(seek_back_stalled_partitions)
-        install_eager_drain(self.app.consumer)  # no four tasks per fetched record (entroloop.streams.faust_drain)
+        install_lean_drain(self.app.consumer)  # no generator step and no four tasks per fetched record (entroloop.streams.faust_drain)
         shorten_fetch_wait(self.app.consumer)  # no 1.5 s long poll holding busy partitions (entroloop.streams.faust_fetch)
         self.app.timer(config.health_interval_s)(self._publish_health)
         self.app.timer(config.watermark_idle_s / 2)(self._close_windows_when_idle)

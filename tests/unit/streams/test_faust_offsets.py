@@ -2,9 +2,10 @@
 
 The race, as logged in the rebalance reliability test: after a seek to the committed offset 154,
 Faust's fetch loop still hands over a record fetched at the old position (179), then the records
-re-fetched from 154. ``Consumer._drain_messages`` runs here unchanged on that scripted sequence:
-unguarded it marks 155..178 as a compaction gap and drops the re-fetched records (the loss);
-guarded it delivers every record and commits nothing past an unprocessed one.
+re-fetched from 154. The fetch loop (``Consumer._drain_messages``: Faust's own on a plain app, the
+worker's ``lean_drain_messages`` on the worker's) runs here on that scripted fetch: unguarded it
+marks 155..178 as a compaction gap and drops the re-fetched records (the loss); guarded it delivers
+every record and commits nothing past an unprocessed one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import faust
+from aiokafka.structs import ConsumerRecord
 from entroloop.streams.app import build_streams_app
 from entroloop.streams.faust_offsets import (
     guard_consumer_offsets,
@@ -35,24 +37,31 @@ def _consumer(guarded: bool) -> tuple[Any, str]:
 
 
 def _drain(consumer: Any, topic: str, committed: int, offsets: list[int]) -> list[int]:
-    """Run Faust's ``_drain_messages`` over ``offsets`` (one getmany batch each) after a seek to
+    """Run the consumer's fetch loop (``_drain_messages``: Faust's own on a plain app, the worker's
+    ``lean_drain_messages`` on the worker's) over ``offsets`` (one fetch) after a seek to
     ``committed``; returns the offsets it delivered to the streams."""
     tp = TP(topic, 4)
     consumer._read_offset[tp] = committed  # what perform_seek sets
     consumer._committed_offset[tp] = committed
     delivered: list[int] = []
     fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    records = [ConsumerRecord(topic, 4, offset, 0, 0, b"k", b"v", None, 1, 1, ()) for offset in offsets]
 
     async def callback(message: Any) -> None:
         delivered.append(message.offset)
 
-    async def getmany(timeout: float):  # noqa: ANN202 - Faust's async iterator protocol
-        for offset in offsets:
-            yield tp, SimpleNamespace(offset=offset, topic=topic, key=b"k", value=b"v")
+    async def getmany(timeout: float):  # Faust's async iterator protocol (its own loop)
+        for record in records:
+            yield tp, consumer._to_message(tp, record)
         fetcher._stopped.set()
 
+    async def wait_next_records(timeout: float) -> tuple[dict[TP, list[ConsumerRecord]], set[TP]]:  # the worker's loop
+        fetcher._stopped.set()
+        return {tp: records}, {tp}
+
     consumer.callback = callback
-    consumer.getmany = getmany
+    consumer.getmany, consumer._wait_next_records = getmany, wait_next_records
+    consumer.highwater = lambda _tp: offsets[-1] + 1
     consumer.app.topics.acks_enabled_for = lambda _topic: True
     # on the consumer's own loop: Faust's services create their futures there
     consumer.loop.run_until_complete(asyncio.wait_for(consumer._drain_messages(fetcher), 30))

@@ -2,7 +2,7 @@
 ``Recovery`` and consumer: only the broker calls are replaced (the assignment, and the seek that
 runs on the consumer thread), so a Faust upgrade that renames the recovery's bookkeeping fails here.
 
-One failure mode is shown end to end with Faust's own fetch loop (``Consumer._drain_messages``): a
+One failure mode is shown end to end with the worker's fetch loop (``Consumer._drain_messages``): a
 changelog partition whose read offset is left past the records the recovery needs drops every
 one of them (Faust's recovery then waits forever); fetched again by the check, they arrive.
 """
@@ -13,6 +13,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from aiokafka.structs import ConsumerRecord
 from entroloop.streams.app import build_streams_app
 from entroloop.streams.faust_recovery_watch import stalled_recovery_check
 from faust.types import TP
@@ -119,20 +120,22 @@ def test_a_new_recovery_starts_the_silence_afresh() -> None:
 
 
 def _drain_changelog(consumer: Any, offsets: list[int]) -> list[int]:
-    """Faust's ``_drain_messages`` over the taken-back changelog partition's records; the offsets
-    it hands to the recovery."""
+    """The worker's fetch loop (``_drain_messages``) over the taken-back changelog partition's
+    records (one fetch); the offsets it hands to the recovery."""
     delivered: list[int] = []
     fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    records = [ConsumerRecord(CHANGELOG, TAKEN_BACK.partition, offset, 0, 0, b"k", b"v", None, 1, 1, ())
+               for offset in offsets]
 
     async def callback(message: Any) -> None:
         delivered.append(message.offset)
 
-    async def getmany(timeout: float):  # Faust's async iterator protocol
-        for offset in offsets:
-            yield TAKEN_BACK, SimpleNamespace(offset=offset, topic=CHANGELOG, key=b"k", value=b"v")
+    async def wait_next_records(timeout: float) -> tuple[dict[TP, list[ConsumerRecord]], None]:
         fetcher._stopped.set()
+        return {TAKEN_BACK: records}, None
 
-    consumer.callback, consumer.getmany = callback, getmany
+    consumer.callback, consumer._wait_next_records = callback, wait_next_records
+    consumer.highwater = lambda _tp: len(offsets)
     consumer.app.topics.acks_enabled_for = lambda _topic: False  # changelogs are not acknowledged
     consumer.loop.run_until_complete(asyncio.wait_for(consumer._drain_messages(fetcher), 30))
     return delivered
