@@ -558,9 +558,17 @@ class StreamsApp:
             batch = keeper.unseen(batch)
             records = [record for record, _ in batch]
         state = self.table_states.get(id(processor))
-        if state is not None:
-            # A table-state processor sees one input partition at a time, so each state change
-            # goes to the changelog partition of the record that caused it (co-partitioning).
+        key_of = state.spec.key_of if state is not None else None
+        if key_of is not None:
+            # Each state change goes to the changelog partition of the record that caused it
+            # (co-partitioning): the spec says which key each record writes.
+            state.batch_partitions = {key_of(record).encode(): message.partition for record, message in batch}
+            try:
+                out.extend(self._process_isolating(topic, processor, batch, records))
+            finally:
+                state.batch_partitions = None
+        elif state is not None:
+            # Without ``key_of`` the processor sees one input partition at a time, for the same reason.
             by_partition: dict[int, list[tuple[Event, Any]]] = defaultdict(list)
             for record, message in batch:
                 by_partition[message.partition].append((record, message))

@@ -37,6 +37,7 @@ import difflib
 import hashlib
 import re
 from collections.abc import MutableMapping, Sequence
+from operator import attrgetter
 from typing import ClassVar
 
 import msgspec
@@ -113,7 +114,7 @@ def entry_tenant(entry: JoinEntry) -> str:
     return entry.waiting_feedback[0].tenant if entry.waiting_feedback else ""
 
 
-JOIN_STATE: TableStateSpec[JoinEntry] = TableStateSpec.msgpack("bad_case_join", JoinEntry)
+JOIN_STATE: TableStateSpec[JoinEntry] = TableStateSpec.msgpack("bad_case_join", JoinEntry, key_of=attrgetter("request_id"))
 encode_entry = JOIN_STATE.encode
 """Table value serializer (changelog bytes)."""
 decode_entry = JOIN_STATE.decode

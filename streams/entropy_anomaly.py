@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import ClassVar
 
 import msgspec
@@ -95,7 +96,7 @@ class EntropyCarry(msgspec.Struct):
     dropped without a dead letter."""
 
 
-CARRY_STATE: TableStateSpec[EntropyCarry] = TableStateSpec.msgpack("entropy_carry", EntropyCarry)
+CARRY_STATE: TableStateSpec[EntropyCarry] = TableStateSpec.msgpack("entropy_carry", EntropyCarry, key_of=attrgetter("request_id"))
 encode_carry = CARRY_STATE.encode
 """Table value serializer (changelog bytes)."""
 decode_carry = CARRY_STATE.decode

@@ -13,8 +13,11 @@ table; ``seal()``, called on the processor's thread at the end of a batch, encod
 once (however often the batch wrote it); and ``flush()``, called on the event loop after the batch, applies them to
 the table's store and sends them to the changelog: a value, or a tombstone for a delete, so a
 deleted (expired) key is not resurrected by recovery. The changelog partition of a key is the
-partition of the input record that wrote it (``partition``, set by the adapter per partition
-group), which keeps the table co-partitioned with its input topics.
+partition of the input record that wrote it, which keeps the table co-partitioned with its input
+topics: when the spec says which key a record writes (``key_of``), the adapter hands the whole batch
+over at once with each key's partition (``batch_partitions``); otherwise it hands the batch over one
+input partition at a time (``partition``). A write outside a batch (expiry) goes to the partition the
+key was last written to or recovered from.
 
 At-least-once: ``flush()`` runs before the agent acknowledges the batch, and Faust flushes the
 producer before it commits offsets, so a committed input offset implies its state change is in
@@ -40,11 +43,16 @@ class TableStateSpec(Generic[V]):
     name: str
     encode: Callable[[V], bytes]
     decode: Callable[[bytes], V]
+    key_of: Callable[[Any], str] | None = None
+    """The key an input record writes, if the processor writes no other key while processing a
+    batch (its request id for the joins here). With it each key's changelog partition is its
+    record's and the batch is processed in one call; without it, one call per input partition (a
+    per-call cost: the entropy detector's 48-lag passes run once per call)."""
 
     @classmethod
-    def msgpack(cls, name: str, value_type: type[V]) -> TableStateSpec[V]:
+    def msgpack(cls, name: str, value_type: type[V], key_of: Callable[[Any], str] | None = None) -> TableStateSpec[V]:
         """A table of msgspec Structs of ``value_type``, stored as msgpack bytes."""
-        return cls(name, msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder(value_type).decode)
+        return cls(name, msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder(value_type).decode, key_of)
 
 
 _DELETED: Any = object()
@@ -62,7 +70,10 @@ class TableState(MutableMapping[str, V]):
         self.table = table
         self.spec = spec
         self.partition: int | None = None
-        """The input partition of the records being processed (set by the adapter)."""
+        """The input partition of the records being processed (set by the adapter per partition group)."""
+        self.batch_partitions: dict[bytes, int] | None = None
+        """Key -> input partition of the record that writes it, for the batch being processed (set by
+        the adapter when the spec has ``key_of``)."""
         # key -> (partition, decoded value or _DELETED): written in the batch being processed, not
         # encoded yet (the processor may still change the value in place).
         self._pending: dict[bytes, tuple[int, Any]] = {}
@@ -190,7 +201,9 @@ class TableState(MutableMapping[str, V]):
         would crash the agent, and Faust acknowledges a crashed agent's batch (the state lost)."""
         if self.partition is not None:
             return self.partition
-        # A write outside a partition group (expiry): the partition the key was last written to
+        if self.batch_partitions is not None and (partition := self.batch_partitions.get(key)) is not None:
+            return partition
+        # A write outside a batch or partition group (expiry): the partition the key was last written to
         # in this batch, before it, or recovered from (the memory store remembers that).
         for written in (self._pending, self._sealed):
             if key in written:
@@ -200,7 +213,7 @@ class TableState(MutableMapping[str, V]):
         recovered = getattr(self.table.data, "_key_partition", {})
         if key in recovered:
             return int(recovered[key])
-        raise RuntimeError(f"no changelog partition for table key {key!r}: written outside a partition group")
+        raise RuntimeError(f"no changelog partition for table key {key!r}: written outside a batch's records and partition groups")
 
     def seal(self) -> int:
         """Encode the batch's writes, once per key (processor thread, after the batch); returns how many."""
