@@ -9,6 +9,7 @@ import asyncio
 import gc
 from collections.abc import Iterator
 from contextlib import aclosing
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from entroloop.streams.app import build_streams_app
 from entroloop.streams.faust_fetch import FETCH_MAX_WAIT_MS, shorten_fetch_wait
 from entroloop.streams.faust_take import take_batches
 from faust.events import Event
+from faust.types import TP
 from faust.types.tuples import ConsumerMessage
 
 from entroloop.contract.settings import Settings
@@ -330,3 +332,62 @@ def test_an_error_thrown_into_the_queue_as_the_agent_is_cancelled_is_not_left_un
         return unretrieved
 
     assert _run(app, main) == []
+
+
+def _acknowledged(app: Any, batched: bool) -> tuple[Any, ...]:
+    """A batch of every kind of record acknowledged by ``_ack_all`` (batched) or one ``event.ack()``
+    at a time (Faust's path), and what the consumer and the sensors recorded."""
+    from entroloop.streams.faust_take import _ack_all
+    from faust.types.tuples import Message
+
+    consumer = app.consumer
+    other = "t.entroloop.audit.v1"  # a topic that is not acknowledged
+    consumer._committed_offset[TP(TOPIC, 1)] = 50
+    events = [_event(app, 10), _event(app, 11), _event(app, 60, partition=1), _event(app, 12)]
+    events.append(_event(app, 40, partition=1))  # behind the committed offset: acked, not recorded
+    events.append(_event(app, 11))  # the same offset again: recorded once
+    shared = _event(app, 13)
+    shared.message.incref(1)  # another channel holds it: not acknowledged yet
+    events.append(shared)
+    done = _event(app, 14)
+    done.message.acked = True  # acknowledged before: skipped
+    events.append(done)
+    unacked_topic = ConsumerMessage(other, 0, 5, 0.0, 0, {}, b"k", b"v", None)
+    unacked_topic.incref(1)
+    events.append(Event(app, b"k", b"v", {}, unacked_topic))
+    plain = Message(TOPIC, 3, 7, 0.0, 0, {}, b"k", b"v", None)  # not a consumer's message
+    plain.incref(1)
+    events.append(Event(app, b"k", b"v", {}, plain))
+    for event in events:
+        if isinstance(event.message, ConsumerMessage) and event.message.topic == TOPIC:
+            consumer.track_message(event.message)
+    out: list[tuple[Any, int]] = []
+    stream = SimpleNamespace(app=app, _on_message_out=lambda tp, offset, message: out.append((tp, offset)))
+    waiter = consumer._waiting_for_ack = app.loop.create_future()
+    if batched:
+        _ack_all(stream, events)
+    else:
+        for event in events:
+            if event.ack():
+                stream._on_message_out(event.message.tp, event.message.offset, event.message)
+    return (out, {tp: list(v) for tp, v in consumer._acked.items()}, consumer._n_acked,
+            sorted(m.offset for m in consumer.unacked), [(e.message.acked, e.message.refcount) for e in events],
+            waiter.done())
+
+
+def test_a_batch_is_acknowledged_exactly_as_fausts_event_ack_one_record_at_a_time() -> None:
+    outcomes = []
+    for batched in (False, True):
+        app = build_streams_app(Settings(kafka_bootstrap="127.0.0.1:9", topic_prefix="t.")).app
+        app.topics.acking_topics.add(TOPIC)
+        outcomes.append(_acknowledged(app, batched))
+        del app
+        gc.collect()
+    fausts, batched = outcomes
+    assert batched == fausts
+    out, acked, n_acked, unacked, states, woken = batched
+    assert [offset for _, offset in out] == [10, 11, 60, 12, 7]  # 7: the plain message, acknowledged but not recorded
+    assert acked == {TP(TOPIC, 0): [10, 11, 12], TP(TOPIC, 1): [60]} and n_acked == 4
+    # still tracked, as Faust leaves them: the shared one, the second copy of 11, the one acknowledged
+    # before, the one behind the committed offset
+    assert unacked == [11, 13, 14, 40] and states[6] == (False, 1) and woken
