@@ -155,9 +155,10 @@ class TokenEntropy(Event, tag="token_entropy"):
                     f"{name} must be one packed float16 per token ({len(self.entropies) // 2} tokens, "
                     f"{len(packed)} bytes of {name})"
                 )
-            bits = np.frombuffer(packed, dtype="<u2")
-            if ((bits >= 0x7C00) & (bits != 0x8000)).any():
-                raise ValueError(f"{name} contain NaN, Inf or a negative value (nats >= 0 expected)")
+            if packed[1::2].translate(None, _FLOAT16_HIGH_BYTES_BELOW_INF):  # as for entropies above
+                bits = np.frombuffer(packed, dtype="<u2")
+                if ((bits >= 0x7C00) & (bits != 0x8000)).any():
+                    raise ValueError(f"{name} contain NaN, Inf or a negative value (nats >= 0 expected)")
 
     def values(self) -> np.ndarray:
         """The entropies as a float16 numpy view (no copy)."""

@@ -8,6 +8,8 @@ import time
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from entroloop.contract.codec import decode, encode
 from entroloop.contract.ids import derived_event_id
@@ -35,6 +37,7 @@ def test_the_array_round_trips(field: str, reader: str) -> None:
     ([1.0], "one packed float16 per token"),
     ([1.0, float("nan")], "NaN, Inf or a negative"),
     ([1.0, -2.0], "NaN, Inf or a negative"),
+    ([float("inf"), 1.0], "NaN, Inf or a negative"),
 ])
 def test_a_malformed_array_is_refused_naming_the_field(field: str, reader: str, values: list[float], message: str) -> None:
     with pytest.raises(ValueError, match=message) as caught:
@@ -49,3 +52,19 @@ def test_a_record_written_before_the_field_existed_decodes_without_it(field: str
     del raw[field]
     old = decode(msgspec.msgpack.encode(raw))
     assert isinstance(old, TokenEntropy) and getattr(old, field) == b"" and getattr(old, reader)() is None
+
+
+@FIELDS
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(bits=st.lists(st.integers(min_value=0, max_value=0xFFFF), min_size=2, max_size=2))
+def test_refused_exactly_when_a_value_is_nan_inf_or_negative(field: str, reader: str, bits: list[int]) -> None:
+    """The check looks at the high bytes first (one C pass) and at the values only when one could be
+    bad: the verdict is the plain one on every bit pattern (-0.0 is a harmless zero)."""
+    packed = np.array(bits, dtype="<u2").tobytes()
+    bad = any(b >= 0x7C00 and b != 0x8000 for b in bits)
+    try:
+        TokenEntropy(**COMMON, entropies=pack_entropies([0.1, 0.2]), **{field: packed})
+    except ValueError as exc:
+        assert bad and field in str(exc)
+    else:
+        assert not bad
