@@ -36,4 +36,13 @@ class LeanMonitor(Monitor):
         """Nothing per record (see ``on_message_in``)."""
 
 
-__all__ = ["LeanMonitor"]
+def hears_each_record(sensors: Any, hook: str) -> bool:
+    """Whether any of the app's sensors does something in its per-record ``hook``
+    (``on_message_in`` or ``on_message_out``): with only ``LeanMonitor`` (the worker's), nothing does,
+    and the caller may skip the sensor delegate's call per record. Read once per batch: a sensor
+    added later is heard from the next batch on."""
+    lean = getattr(LeanMonitor, hook)
+    return any(getattr(type(sensor), hook, None) is not lean for sensor in sensors)
+
+
+__all__ = ["LeanMonitor", "hears_each_record"]

@@ -48,6 +48,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from typing import Any
 
+from entroloop.streams.faust_monitor import hears_each_record
 from faust.transport.consumer import Consumer
 from faust.types.tuples import ConsumerMessage, ack_lock
 from mode.utils.futures import notify
@@ -59,7 +60,7 @@ class _Admission:
     Flow control, the consumer generation and the set of acknowledged topics change only in other
     tasks of this event loop (a rebalance), never between two records taken without a wait."""
 
-    __slots__ = ("acking_topics", "flowing", "generation", "stream", "unacked")
+    __slots__ = ("acking_topics", "flowing", "generation", "message_in", "stream", "unacked")
 
     def __init__(self, stream: Any) -> None:
         app = stream.app
@@ -68,6 +69,7 @@ class _Admission:
         self.generation = app.consumer_generation_id
         self.acking_topics = app.topics.acking_topics
         self.unacked = app.consumer.unacked
+        self.message_in = stream._on_message_in if hears_each_record(app.sensors, "on_message_in") else None
 
     def accept(self, event: Any, batch: list[Any], taken: set[tuple[Any, int]]) -> None:
         """Track ``event``'s message and add it to ``batch``; acknowledge it at once if Faust would
@@ -88,7 +90,8 @@ class _Admission:
         if message.topic in self.acking_topics and not message.tracked:
             message.tracked = True  # Consumer.track_message, as the iterator inlines it
             self.unacked.add(message)
-            self.stream._on_message_in(message.tp, message.offset, message)
+            if self.message_in is not None:
+                self.message_in(message.tp, message.offset, message)
         batch.append(event)
 
 
@@ -108,6 +111,10 @@ def _take_nowait(queue: Any, most: int) -> Iterator[Any]:
         yield popleft()
 
 
+def _unheard(tp: Any, offset: int, message: Any) -> None:
+    """The sensors' ``on_message_out`` when none of them does anything per record."""
+
+
 def _ack_all(stream: Any, batch: list[Any]) -> None:
     """``event.ack()`` of every event of ``batch`` (and the sensors' ``on_message_out`` of each
     message whose offset that made committable), under one hold of Faust's ``ack_lock``: per event,
@@ -118,7 +125,7 @@ def _ack_all(stream: Any, batch: list[Any]) -> None:
     woken once (nothing else runs before this returns). A consumer or message whose ``ack`` is not
     Faust's gets its own, record by record."""
     consumer = stream.app.consumer
-    message_out = stream._on_message_out
+    message_out = stream._on_message_out if hears_each_record(stream.app.sensors, "on_message_out") else _unheard
     if getattr(consumer.ack, "__func__", None) is not Consumer.ack:
         with ack_lock:
             for event in batch:

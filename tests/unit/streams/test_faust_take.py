@@ -17,6 +17,7 @@ from entroloop.streams.app import build_streams_app
 from entroloop.streams.faust_fetch import FETCH_MAX_WAIT_MS, shorten_fetch_wait
 from entroloop.streams.faust_take import take_batches
 from faust.events import Event
+from faust.sensors import Sensor
 from faust.types import TP
 from faust.types.tuples import ConsumerMessage
 
@@ -362,7 +363,13 @@ def _acknowledged(app: Any, batched: bool) -> tuple[Any, ...]:
         if isinstance(event.message, ConsumerMessage) and event.message.topic == TOPIC:
             consumer.track_message(event.message)
     out: list[tuple[Any, int]] = []
-    stream = SimpleNamespace(app=app, _on_message_out=lambda tp, offset, message: out.append((tp, offset)))
+
+    class Recording(Sensor):
+        def on_message_out(self, tp: Any, offset: int, message: Any) -> None:
+            out.append((tp, offset))
+
+    app.sensors.add(Recording())
+    stream = SimpleNamespace(app=app, _on_message_out=app.sensors.on_message_out)
     waiter = consumer._waiting_for_ack = app.loop.create_future()
     if batched:
         _ack_all(stream, events)
@@ -391,3 +398,36 @@ def test_a_batch_is_acknowledged_exactly_as_fausts_event_ack_one_record_at_a_tim
     # still tracked, as Faust leaves them: the shared one, the second copy of 11, the one acknowledged
     # before, the one behind the committed offset
     assert unacked == [11, 13, 14, 40] and states[6] == (False, 1) and woken
+
+
+def test_the_sensors_delegate_is_called_per_record_only_when_a_sensor_listens(app: Any) -> None:
+    """With only the worker's LeanMonitor (no-ops per record) the delegate's loop is skipped; a
+    sensor that does listen is called for every record in and out."""
+    from entroloop.streams.faust_monitor import LeanMonitor
+
+    heard: list[tuple[str, int]] = []
+
+    class Listening(Sensor):
+        def on_message_in(self, tp: Any, offset: int, message: Any) -> None:
+            heard.append(("in", offset))
+
+        def on_message_out(self, tp: Any, offset: int, message: Any) -> None:
+            heard.append(("out", offset))
+
+    offsets = iter(range(1, 100))
+
+    async def one_batch() -> list[int]:
+        stream = app.channel(maxsize=100).stream()
+        for offset in (next(offsets), next(offsets)):
+            stream.channel.queue.put_nowait(_event(app, offset))
+        return await _first_batch_offsets(stream)
+
+    app.sensors.add(LeanMonitor())
+    calls: list[str] = []
+    delegate_in, delegate_out = app.sensors.on_message_in, app.sensors.on_message_out
+    app.sensors.on_message_in = lambda *args: (calls.append("in"), delegate_in(*args))
+    app.sensors.on_message_out = lambda *args: (calls.append("out"), delegate_out(*args))
+    assert _run(app, one_batch) == [1, 2] and calls == [] and heard == []
+    app.sensors.add(Listening())
+    assert _run(app, one_batch) == [3, 4]
+    assert heard == [("in", 3), ("in", 4), ("out", 3), ("out", 4)] and calls == ["in", "in", "out", "out"]
