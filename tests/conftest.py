@@ -30,6 +30,7 @@ FAUST_TEST_MODULES = [
     "unit/streams/test_faust_delivery.py",
     "unit/streams/test_faust_batches.py",
     "unit/streams/test_faust_take.py",
+    "unit/streams/test_state_partitions.py",
     "unit/streams/test_worker_bookkeeping.py",
     "integration/test_worker_produce_kafka.py",
 ]
