@@ -15,7 +15,8 @@ record, the same read-offset and gap bookkeeping, the same seek when flow is not
 yield to the event loop every 100 records and the same handling of a stopped consumer. What it does
 not do per record: resume an async generator, build a ``suspend_flow.wait()`` coroutine that is
 never awaited, or record the partition's high watermark for Faust's lag monitor (once per partition
-per fetch instead, the value read after its records). The callback's first step runs inline: if it
+per fetch instead, at its first record, where ``getmany`` reads it: a partition revoked later in
+the fetch is never asked, aiokafka asserts it is assigned). The callback's first step runs inline: if it
 finishes, the record is delivered; if it has to wait (the stream's buffer is full), the partly run
 callback continues in a task raced against the flow's suspension by mode's own ``wait_first``,
 exactly as before. The transport alone (``entroloop bench workers``' idle processors, 264k fleet
@@ -113,38 +114,35 @@ def lean_drain_messages(consumer: Any) -> Callable[[Any], Coroutine[Any, Any, No
                         self.log.warning(f"exception performing seek when flow not active {ex}")
                     unset_flag(CONSUMER_FETCHING)
                     continue
-                fetched: dict[Any, None] = {}  # partitions handed records: their high watermarks after
+                tracked: set[Any] = set()  # partitions whose high watermark the monitor has from this fetch
                 track_end_offset = app.monitor.track_tp_end_offset
-                try:
-                    for tp, record in self.scheduler.iterate(records):
-                        if not self.flow_active or app.consumer_generation_id != generation_id:
-                            break
-                        if not (active_partitions is None or tp in active_partitions
-                                or tp in self._buffered_partitions):
-                            continue
-                        fetched[tp] = None
-                        message = to_message(tp, record)
-                        since_yield += 1
-                        if since_yield > 100:
-                            await asyncio.sleep(0)
-                            since_yield = 0
-                        offset = message.offset
-                        r_offset = read_offsets[tp]
-                        if r_offset is None or offset >= r_offset:
-                            gap = offset - (r_offset or 0)
-                            if gap > 1 and r_offset and acks_enabled_for(message.topic):  # a gap in the offsets
-                                await self._add_gap(tp, r_offset + 1, offset)
-                            if commit_every is not None and self._n_acked >= commit_every:
-                                self._n_acked = 0
-                                await self.commit()
-                            delivery = callback(message)
-                            awaiting = _first_step(delivery)
-                            if awaiting is not _DONE:  # the stream's buffer is full: race the suspension as Faust does
-                                await self.wait_first(_resume(delivery, awaiting), self.suspend_flow.wait())
-                            read_offsets[tp] = offset
-                finally:
-                    for tp in fetched:
+                for tp, record in self.scheduler.iterate(records):
+                    if not self.flow_active or app.consumer_generation_id != generation_id:
+                        break
+                    if not (active_partitions is None or tp in active_partitions or tp in self._buffered_partitions):
+                        continue
+                    if tp not in tracked:  # here, as getmany per record: the partition is still assigned
+                        tracked.add(tp)
                         track_end_offset(tp, highwater(tp))
+                    message = to_message(tp, record)
+                    since_yield += 1
+                    if since_yield > 100:
+                        await asyncio.sleep(0)
+                        since_yield = 0
+                    offset = message.offset
+                    r_offset = read_offsets[tp]
+                    if r_offset is None or offset >= r_offset:
+                        gap = offset - (r_offset or 0)
+                        if gap > 1 and r_offset and acks_enabled_for(message.topic):  # a gap in the offsets
+                            await self._add_gap(tp, r_offset + 1, offset)
+                        if commit_every is not None and self._n_acked >= commit_every:
+                            self._n_acked = 0
+                            await self.commit()
+                        delivery = callback(message)
+                        awaiting = _first_step(delivery)
+                        if awaiting is not _DONE:  # the stream's buffer is full: race the suspension as Faust does
+                            await self.wait_first(_resume(delivery, awaiting), self.suspend_flow.wait())
+                        read_offsets[tp] = offset
                 unset_flag(CONSUMER_FETCHING)
         except self.consumer_stopped_errors:
             if self.transport.app.should_stop:  # already stopping

@@ -88,6 +88,32 @@ def test_the_same_records_in_the_same_order_with_the_same_bookkeeping_as_fausts_
     assert end_offsets == {P0: 1000, P1: 1001, A0: 1000}
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["fausts_loop", "lean_loop"])
+def test_a_partition_revoked_during_the_fetch_is_not_asked_for_its_high_watermark(lean: bool) -> None:
+    """aiokafka asserts that a partition is assigned when asked for its high watermark: asked after
+    the fetch's records were handed over, a partition revoked meanwhile (a rebalance while a record
+    waited) crashed the fetch loop and the worker. It is asked at the partition's first record."""
+    consumer = _consumer(lean)
+    revoked: set[TP] = set()
+
+    def highwater(tp: TP) -> int:
+        assert tp not in revoked, "Partition is not assigned"
+        return 1000 + tp.partition
+
+    consumer.highwater = highwater
+
+    def revoking(delivered: list[tuple[str, int, int]]) -> Any:
+        async def deliver(message: Any) -> None:
+            delivered.append((message.topic, message.partition, message.offset))
+            if message.offset == 6:  # the fetch's last record: P1's was handed over before it
+                revoked.add(P1)
+        return deliver
+
+    delivered = _drain(consumer, [{P0: _records(P0, [5, 6]), P1: _records(P1, [40])}], revoking)
+    assert delivered == [(TOKENS, 0, 5), (TOKENS, 1, 40), (TOKENS, 0, 6)]
+    assert dict(consumer.app.monitor.tp_end_offsets) == {P0: 1000, P1: 1001}
+
+
 def test_records_are_handed_over_without_a_task_each() -> None:
     consumer = _consumer(lean=True)
     tasks: list[int] = []
