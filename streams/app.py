@@ -35,7 +35,9 @@ records no processor saw; guarded, a record may be processed twice but is never 
 Durable state: a processor that declares ``table_state`` (``entroloop.streams.table_state.TableStateSpec``;
 the bad-case join does) gets a Faust table with a compacted changelog as its ``state``, co-
 partitioned with its input topics (all keyed by ``request_id``, same partition count), so a
-restarted worker recovers the state from the broker. Its writes are buffered while the batch runs,
+restarted worker recovers the state from the broker (each key's changelog partition is its
+record's: one call per batch when the spec names the key a record writes, ``key_of``, else one
+call per input partition). Its writes are buffered while the batch runs,
 encoded once per key at the end of the batch, and applied to the table on the event loop,
 their changelog records (one per key per batch) handed to the producer before the batch is
 acknowledged, after the batch's outputs. The changelog can still reach the broker while an output
