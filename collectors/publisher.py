@@ -126,6 +126,20 @@ def _transient(err: KafkaError) -> bool:
     return err.code() in _TRANSIENT_CODES or err.retriable()
 
 
+def _purge_without_waiting(producer: Producer, in_flight: bool) -> None:
+    """Hand back what librdkafka holds (as _PURGE_* delivery errors, served by poll) without waiting
+    for its broker threads to confirm.
+
+    confluent-kafka reads its ``blocking`` flag backwards (Producer.c, 2.x: ``if (blocking)
+    purge_strategy |= RD_KAFKA_PURGE_F_NON_BLOCKING``), and its purge holds the GIL while it waits:
+    ``blocking=False`` waits for every broker thread, and one that never answers (stuck in
+    getaddrinfo in a forked child: glibc's resolver lock, tests/unit/collectors/test_publisher_fork.py)
+    froze the whole process. ``blocking=True`` is the call that does not wait; the fork test fails if a
+    release turns the flag around.
+    """
+    producer.purge(in_queue=True, in_flight=in_flight, blocking=True)
+
+
 @dataclass
 class PublisherConfig:
     """Everything the publisher needs; ``from_settings`` maps the ``ENTROLOOP_`` variables."""
@@ -196,7 +210,7 @@ class Publisher:
         self.config = config
         self._counts = collections.Counter[str]()
         self._init_process_state()
-        _live_publishers.add(self)
+        _publishers.add(self)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> Publisher:
@@ -244,10 +258,8 @@ class Publisher:
         self._thread.start()
 
     def _after_fork_in_child(self) -> None:
-        # The parent's producer, thread and spool lock belong to the parent: keep the old librdkafka
-        # handle referenced (destroying it here would touch threads that do not exist in the child)
-        # and start afresh with an empty queue (the parent still sends what was queued).
-        _abandoned_after_fork.append(self._producer)
+        # The parent's producer, thread and spool lock belong to the parent (its handle is kept by
+        # _reinit_after_fork): start afresh with an empty queue (the parent still sends what was queued).
         self._counts = collections.Counter[str]()
         self._init_process_state()
 
@@ -281,7 +293,7 @@ class Publisher:
                         # delivery_timeout_ms: they are older than anything spooled from now on, so
                         # the spool keeps publish order. In-flight ones are left alone (they may
                         # have landed; purging them would re-send them).
-                        self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+                        _purge_without_waiting(self._producer, in_flight=False)
                         self._producer.poll(0)
                         self._purged = True
                     self._spool_queued()
@@ -577,7 +589,7 @@ class Publisher:
         if not delivered:
             # Nothing may be lost: whatever librdkafka still holds is purged into the spool.
             self._spool_queued()
-            self._producer.purge()
+            _purge_without_waiting(self._producer, in_flight=True)
             self._producer.poll(0)
             self._producer.flush(1.0)
             self._spool.sync()
@@ -585,7 +597,6 @@ class Publisher:
         for orphan in self._orphans:
             orphan.close()
         self._spool.close(remove_if_empty=True)
-        _live_publishers.discard(self)
         return self.stats()
 
     def stats(self) -> dict[str, int]:
@@ -606,13 +617,19 @@ def publisher_from_settings(settings: Settings, **overrides: Any) -> Publisher:
     return Publisher.from_settings(settings, **overrides)
 
 
-_live_publishers: weakref.WeakSet[Publisher] = weakref.WeakSet()
+# Every publisher of this process until it is garbage, closed ones too: a closed one's producer may
+# wait in a reference cycle (its callbacks are bound methods) for the garbage collector.
+_publishers: weakref.WeakSet[Publisher] = weakref.WeakSet()
 _instance_numbers = itertools.count()
 _abandoned_after_fork: list[Producer] = []
 
 
 def _reinit_after_fork() -> None:
-    for publisher in list(_live_publishers):
+    for publisher in list(_publishers):
+        # Every librdkafka handle of the parent stays referenced in the child, closed publishers'
+        # too: destroying one there (the child's garbage collector would) joins threads that do not
+        # exist in the child and takes locks they may have held (librdkafka #1674, #2374).
+        _abandoned_after_fork.append(publisher._producer)
         if not publisher._closed:
             publisher._after_fork_in_child()
 
@@ -620,7 +637,7 @@ def _reinit_after_fork() -> None:
 def _close_at_exit() -> None:
     # A process that exits without close() would lose what is still queued in memory: deliver it,
     # or leave it in the spool for the next publisher started in the same spool folder.
-    for publisher in list(_live_publishers):
+    for publisher in list(_publishers):
         if not publisher._closed and publisher._pid == os.getpid():
             publisher.close(timeout=5.0)
 

@@ -6,7 +6,6 @@ broker-backed behaviour (delivery, replay after an outage) is in tests/integrati
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from pathlib import Path
@@ -107,34 +106,6 @@ def test_full_queue_spools_on_the_callers_thread_instead_of_dropping(tmp_path: P
         assert publisher.stats()["dropped"] == 0
     finally:
         publisher.close(timeout=0.2)
-
-
-def test_forked_child_gets_its_own_thread_producer_and_spool(tmp_path: Path) -> None:
-    publisher = Publisher(offline_config(tmp_path))
-    parent_spool = publisher._spool.path
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: must never return into pytest
-        code = 1
-        try:
-            ok = publisher._thread.is_alive() and publisher._spool.path != parent_spool
-            for record in feedback_records(10, node="child"):
-                publisher.publish(record)
-            ok = ok and wait_for(lambda: publisher.stats()["spooled"] == 10, timeout=10)
-            publisher.close(timeout=0.2)
-            code = 0 if ok else 2
-        finally:
-            os.write(write_fd, bytes([code]))
-            os._exit(code)
-    os.close(write_fd)
-    _, status = os.waitpid(pid, 0)
-    assert os.read(read_fd, 1) == b"\x00" and os.waitstatus_to_exitcode(status) == 0
-    # The parent is unaffected and still works.
-    publisher.publish(feedback_records(1, node="parent")[0])
-    assert wait_for(lambda: publisher.stats()["spooled"] == 1), publisher.stats()
-    publisher.close(timeout=0.2)
-    nodes = {codec.decode(v).node_id for v in spooled_values(tmp_path)}
-    assert nodes == {"child", "parent"}
 
 
 def test_records_queued_at_interpreter_exit_land_in_the_spool(tmp_path: Path) -> None:
