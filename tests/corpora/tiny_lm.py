@@ -24,7 +24,6 @@ Run ``python -m tests.corpora.tiny_lm`` (in .venv-ml) to train or find the cache
 
 from __future__ import annotations
 
-import fcntl
 import gettext
 import hashlib
 import json
@@ -287,17 +286,6 @@ def tiny_lm(
         _log(f"cached: {folder}")
         return folder
     cache_root.mkdir(parents=True, exist_ok=True)
-    # One training at a time per model: a second process (two CI clones on one machine) waits for
-    # the first and loads its result instead of halving both on the same cores.
-    with (cache_root / f"{folder.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (folder / "training.json").exists():
-            _log(f"trained by another process meanwhile: {folder}")
-            return folder
-        return _train_into(folder, documents, config, cache_root)
-
-
-def _train_into(folder: Path, documents: list[Document], config: TinyLMConfig, cache_root: Path) -> Path:
     staging = cache_root / f"{folder.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()

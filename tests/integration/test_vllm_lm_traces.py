@@ -21,6 +21,7 @@ under ~/.cache/entroloop; this test regenerates a few of the requests behind
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +40,15 @@ PER_REGIME = 4  # requests regenerated per regime (both languages)
 
 @pytest.fixture(scope="module")
 def model_folder() -> Path:
-    from tests.corpora.tiny_lm import tiny_lm
+    from tests.corpora.tiny_lm import CACHE_ROOT, tiny_lm
 
-    return tiny_lm()
+    # One training per machine: a second process (two CI clones at once) waits here for the first
+    # and loads its result. The lock lives here, not in tiny_lm.py, whose source is in the model's
+    # cache key (and so in the checked-in trace files).
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    with (CACHE_ROOT / "tiny-lm.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return tiny_lm()
 
 
 @pytest.fixture(scope="module")
