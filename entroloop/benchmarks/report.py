@@ -47,13 +47,28 @@ class Figure:
         return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 
 
+def cpu_name(cpuinfo: str) -> str | None:
+    """The first CPU's model name from ``/proc/cpuinfo``'s text, with its family and model numbers.
+
+    Under a hypervisor the name is often only the vendor's line ("AMD EPYC"), the same for CPUs
+    generations apart: the numbers tell such hosts apart, and their figures do not compare."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block ends here
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name")
+    if not name:
+        return None
+    numbers = [f"{label} {fields[key]}" for key, label in (("cpu family", "family"), ("model", "model")) if fields.get(key)]
+    return f"{name} ({', '.join(numbers)})" if numbers else name
+
+
 def machine() -> str:
     cpu = platform.processor() or "unknown CPU"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpu = cpu_name(Path("/proc/cpuinfo").read_text()) or cpu
     except OSError:
         pass
     mem = ""

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from entroloop.benchmarks.repeats import Repeated, repeat, repeat_many
-from entroloop.benchmarks.report import Figure, write_benchmarks
+from entroloop.benchmarks.report import Figure, cpu_name, write_benchmarks
 
 
 def test_repeat_keeps_every_run_and_reports_the_median():
@@ -46,3 +46,15 @@ def test_benchmarks_md_shows_runs_spread_and_load(tmp_path):
     # figures stored before these columns existed still render
     write_benchmarks([Figure("old", "rows/s", 5.0, "rows/s")], out)
     assert "| rows/s | 5 | rows/s | 1 |  |" in out.read_text()
+
+
+def test_the_machine_names_the_cpu_family_so_hosts_of_one_brand_line_differ():
+    # Two hypervisor hosts that both say "AMD EPYC": figures from one do not compare with the other's.
+    def cpuinfo(family: int, model: int) -> str:
+        first = f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\n"
+        return first + "\nprocessor\t: 1\ncpu family\t: 99\nmodel\t\t: 99\nmodel name\t: other\n"
+
+    assert cpu_name(cpuinfo(26, 2)) == "AMD EPYC (family 26, model 2)"
+    assert cpu_name(cpuinfo(25, 1)) != cpu_name(cpuinfo(26, 2))
+    assert cpu_name("model name\t: Some CPU\n") == "Some CPU"
+    assert cpu_name("processor\t: 0\n") is None
