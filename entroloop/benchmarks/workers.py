@@ -278,7 +278,7 @@ def measure_once(bootstrap: str, payloads: list[tuple[str, bytes, bytes]], parti
     return result
 
 
-def run(bootstrap: str, requests: int = 40_000, runs: int = 3, partitions: int = 6, seed: int = 7,
+def run(bootstrap: str, requests: int = 100_000, runs: int = 3, partitions: int = 6, seed: int = 7,
         progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
     progress(f"generating {requests:,} fleet requests")
     payloads = fleet_payloads(requests, seed)
