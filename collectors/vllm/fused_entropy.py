@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from entroloop.collectors.vllm.entropy import entropy_per_row
@@ -41,6 +41,7 @@ EntropyFn = Callable[[torch.Tensor], torch.Tensor]
 CHUNK = 16384  # columns per step of the torch fallback: [rows, CHUNK] float32 stays in cache
 BLOCK = 1024  # columns per inner step of the Triton kernel (a power of two)
 LOG2_E = 1.0 / math.log(2.0)  # exp(y) = 2 ** (y * LOG2_E)
+LN_2 = math.log(2.0)
 MASK_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: still a normal float32 (no denormal slow path); see entropy_per_row_shifted
 TARGET_PROGRAMS = 512  # enough programs for every SM of a large GPU several times over
 
@@ -105,41 +106,57 @@ def entropy_per_row_chunked(logits: torch.Tensor, chunk: int = CHUNK, rows: torc
     return _finish(s, t)
 
 
-def entropy_per_row_shifted(logits: torch.Tensor, y: torch.Tensor | None = None,
-                            e: torch.Tensor | None = None, log_sum: torch.Tensor | None = None,
+def entropy_per_row_shifted(logits: torch.Tensor, z: torch.Tensor | None = None,
+                            e: torch.Tensor | None = None, log2_sum: torch.Tensor | None = None,
                             inverse_temperature: torch.Tensor | None = None) -> torch.Tensor:
-    """The same algorithm as one chunk, vectorised by torch: max, then ``x - max`` once, its exp, and
-    two row reductions (sum, dot) — no per-element log, unlike the reference's ``entr``, and one
-    ``[rows, vocab]`` float32 temporary fewer. The tap runs it with kept buffers on a CPU
-    (``BufferedShiftedEntropy``, see ``entropy_function``).
+    """The same algorithm as one chunk, vectorised by torch, in base 2: the max, then
+    ``z = (x - max)·log2(e)`` in one pass, its ``exp2``, and two row reductions (sum, dot) — no
+    per-element log, unlike the reference's ``entr``, and one ``[rows, vocab]`` float32 temporary
+    fewer. The tap runs it with kept buffers on a CPU (``BufferedShiftedEntropy``, see
+    ``entropy_function``).
 
-    Given ``log_sum`` (``[rows]`` float32), it also receives ``log(sum(exp(x - max)))``: with ``y``
-    (``x - max``, floored) that is each token's surprisal, ``log_sum - y[token]``, for free.
+    Why base 2: torch's CPU ``exp`` kernel is ~3x slower than its ``exp2`` (measured for
+    [8, 151,936] float32 on one thread: 743 us, against 257 for a multiply and ``exp2`` together),
+    and folding the ``log2(e)`` factor into the shift (``add`` with a scalar ``alpha``) costs no
+    pass of its own. With ``s = sum(2^z)`` and ``t = sum(2^z·z)``, ``H = ln(s) - ln(2)·t/s`` nats.
+
+    Given ``log2_sum`` (``[rows]`` float32), it also receives ``log2(s)``: with ``z`` that is each
+    token's surprisal, ``ln(2)·(log2_sum - z[token])`` nats, for free.
 
     ``inverse_temperature`` (``[rows]``, > 0): the entropy of ``softmax(x / T)`` instead, by scaling
-    ``x - max`` before the floor (the max of ``x / T`` is ``max / T``)."""
+    ``x - max`` (the max of ``x / T`` is ``max / T``)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
     f32 = {"dtype": torch.float32, "device": logits.device}
     m = logits.amax(dim=-1, keepdim=True).float()
-    # y, e: float32 temporaries of the logits' shape, made here unless given (BufferedShiftedEntropy)
-    y = torch.sub(logits, m, out=torch.empty(logits.shape, **f32) if y is None else y)
-    if inverse_temperature is not None:
-        y.mul_(inverse_temperature.to(torch.float32)[:, None])
-    # A floor at -87: masked tokens (-inf) give a finite e·y instead of -inf·0 = NaN, and no exp()
-    # lands in float32's subnormal range (below ~-87.3), where the CPU takes a slow path — measured
-    # 10x slower on a confident model's logits, whose long tail sits exactly there. A floored token
-    # adds at most e^-87·87 ~ 1e-36 nats: < 2e-31 over 151,936 tokens, far below float16's resolution.
-    y.clamp_(min=MASK_FLOOR)
-    # exp(y) as exp2(y * log2(e)): torch's CPU exp kernel is ~3x slower than its exp2 (measured
-    # for [8, 151,936] float32 on one thread: 743 us, against 257 for the multiply and exp2 together,
-    # results within 4e-6 relative): the largest single cost of the tap's step on a CPU.
-    e = torch.mul(y, LOG2_E, out=torch.empty(logits.shape, **f32) if e is None else e)
-    e.exp2_()
+    # z, e: float32 temporaries of the logits' shape, made here unless given (BufferedShiftedEntropy)
+    z = torch.empty(logits.shape, **f32) if z is None else z
+    if inverse_temperature is None:
+        torch.add(m * -LOG2_E, logits, alpha=LOG2_E, out=z)  # x·log2(e) - max·log2(e)
+    else:  # a per-row factor: addcmul (2x the cost of add, but only the tap's sampling pass needs it)
+        scale = inverse_temperature.to(torch.float32)[:, None] * LOG2_E
+        torch.addcmul(-m * scale, logits, scale, out=z)
+    # A floor: masked tokens (-inf) give a finite e·z instead of -inf·0 = NaN, and no exp2() lands
+    # in float32's subnormal range (below 2^-126), where the CPU takes a slow path — measured 10x
+    # slower on a confident model's logits, whose long tail sits exactly there. A floored token adds
+    # at most e^-87·87 ~ 1e-36 nats: < 2e-31 over 151,936 tokens, far below float16's resolution.
+    z.clamp_(min=MASK_FLOOR * LOG2_E)
+    e = torch.exp2(z, out=torch.empty(logits.shape, **f32) if e is None else e)
     s = e.sum(dim=-1)
-    if log_sum is not None:
-        torch.log(s, out=log_sum)
-    return _finish(s, torch.linalg.vecdot(e, y))
+    if log2_sum is not None:
+        torch.log2(s, out=log2_sum)
+    # The add rounds x·log2(e) and max·log2(e) apart (one fused multiply-add), so the max's z is
+    # within an ulp of 0, not exactly 0: a confident row's entropy can come out ~1e-8 below 0.
+    return (torch.log(s) - _row_dots(e, z) * (LN_2 / s)).clamp_(min=0.0)
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``sum(a·b)`` per row, one BLAS dot each: ``linalg.vecdot`` multiplies into a fresh
+    ``[rows, vocab]`` temporary and sums it (one write and one read more of the vocabulary's size)."""
+    out = torch.empty(a.shape[0], dtype=a.dtype, device=a.device)
+    for row in range(a.shape[0]):
+        torch.dot(a[row], b[row], out=out[row])
+    return out
 
 
 class BufferedShiftedEntropy:
@@ -153,51 +170,69 @@ class BufferedShiftedEntropy:
     cost per engine step on Qwen2.5-0.5B's shape. The blocks bound the memory kept (two
     ``[block_rows, vocab]`` float32 buffers) whatever the batch.
 
-    With ``keep_for_surprisal`` the shifted logits ``x - max`` of *every* row are kept until the next
+    With ``keep_for_surprisal`` the shifted logits ``z`` of *every* row are kept until the next
     call (one ``[rows, vocab]`` float32 buffer, grown to the largest batch seen, instead of a block),
-    with each row's ``log(sum(exp(x - max)))``: ``surprisal(rows, tokens)`` then reads the sampled
+    with each row's ``log2(sum(2^z))``: ``surprisal(rows, tokens)`` then reads the sampled
     tokens' surprisals one step late, when vLLM has sampled them, without a copy of the logits."""
 
     def __init__(self, block_rows: int = 8, keep_for_surprisal: bool = False) -> None:
         self.block_rows = block_rows
         self.keep_for_surprisal = keep_for_surprisal
-        self._y: torch.Tensor | None = None
+        self._z: torch.Tensor | None = None
         self._e: torch.Tensor | None = None
-        self._log_sum: torch.Tensor | None = None
+        self._log2_sum: torch.Tensor | None = None
+        self._z_flat: memoryview | None = None
+        self._log2_sum_flat: memoryview | None = None
 
     def _buffers(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows, vocab = logits.shape
-        y_rows = max(rows, self.block_rows) if self.keep_for_surprisal else self.block_rows
+        z_rows = max(rows, self.block_rows) if self.keep_for_surprisal else self.block_rows
         f32 = {"dtype": torch.float32, "device": logits.device}
         if self._e is None or self._e.shape[1] != vocab or self._e.device != logits.device:
-            self._e, self._y = torch.empty(self.block_rows, vocab, **f32), None
-        if self._y is None or self._y.shape[0] < y_rows:
-            self._y = torch.empty(y_rows, vocab, **f32)
-            self._log_sum = torch.empty(y_rows, **f32)
-        return self._y, self._e
+            self._e, self._z = torch.empty(self.block_rows, vocab, **f32), None
+        if self._z is None or self._z.shape[0] < z_rows:
+            self._z = torch.empty(z_rows, vocab, **f32)
+            self._log2_sum = torch.empty(z_rows, **f32)
+            # host views for surprisal(): the buffers are on the CPU (this class is the CPU form)
+            self._z_flat = memoryview(self._z.numpy().reshape(-1))
+            self._log2_sum_flat = memoryview(self._log2_sum.numpy())
+        return self._z, self._e
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.dim() != 2:
             raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
         rows = logits.shape[0]
-        out = torch.empty(rows, dtype=torch.float32, device=logits.device)
         if rows == 0:
-            return out
-        y_buf, e_buf = self._buffers(logits)
+            return torch.empty(0, dtype=torch.float32, device=logits.device)
+        z_buf, e_buf = self._buffers(logits)
+        if rows <= self.block_rows:  # one block (a decode batch within max_num_seqs): no gathering copy
+            log2_sum = self._log2_sum[:rows] if self.keep_for_surprisal else None
+            return entropy_per_row_shifted(logits, z_buf[:rows], e_buf[:rows], log2_sum)
+        out = torch.empty(rows, dtype=torch.float32, device=logits.device)
         for start in range(0, rows, self.block_rows):
             x = logits[start : start + self.block_rows]
             n = x.shape[0]
             kept = start if self.keep_for_surprisal else 0
-            log_sum = self._log_sum[kept : kept + n] if self.keep_for_surprisal else None
-            out[start : start + n] = entropy_per_row_shifted(x, y_buf[kept : kept + n], e_buf[:n], log_sum)
+            log2_sum = self._log2_sum[kept : kept + n] if self.keep_for_surprisal else None
+            out[start : start + n] = entropy_per_row_shifted(x, z_buf[kept : kept + n], e_buf[:n], log2_sum)
         return out
 
-    def surprisal(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """``-log p(tokens[i])`` under row ``rows[i]``'s softmax at the last call (float32); only
-        with ``keep_for_surprisal``. Tokens floored at ``MASK_FLOOR`` read as at most ~87 nats."""
-        if not self.keep_for_surprisal or self._y is None or self._log_sum is None:
+    def surprisal(self, rows: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+        """``-log p(tokens[i])`` in nats under row ``rows[i]``'s softmax at the last call (float32); only
+        with ``keep_for_surprisal``. Tokens floored at ``MASK_FLOOR`` read as at most ~87 nats.
+
+        Read through flat memoryviews of the kept buffers (they are on the host): a handful of values,
+        where index tensors and advanced indexing cost ~90 us per step inside the engine (its caches
+        are cold after the forward pass, and each torch or numpy op dispatched pays for that)."""
+        if not self.keep_for_surprisal or self._z is None or self._log2_sum is None:
             raise RuntimeError("surprisal needs keep_for_surprisal=True and a call before it")
-        return self._log_sum[rows] - self._y[rows, tokens]
+        z, log2_sum, vocab = self._z_flat, self._log2_sum_flat, self._z.shape[1]
+        values = []
+        for row, token in zip(rows, tokens):
+            if not 0 <= token < vocab:  # a flat index would read another row's value
+                raise IndexError(f"token {token} is outside the vocabulary (0..{vocab - 1})")
+            values.append((log2_sum[row] - z[row * vocab + token]) * LN_2)
+        return torch.tensor(values, dtype=torch.float32)
 
 
 class TemperatureEntropy:
@@ -210,7 +245,7 @@ class TemperatureEntropy:
 
     def __init__(self, device: torch.device) -> None:
         self.on_cpu = torch.device(device).type == "cpu"
-        self._y: torch.Tensor | None = None
+        self._z: torch.Tensor | None = None
         self._e: torch.Tensor | None = None
 
     def __call__(self, logits: torch.Tensor, rows: list[int], temperatures: list[float]) -> torch.Tensor:
@@ -219,12 +254,12 @@ class TemperatureEntropy:
             index = torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)
             return entropy_per_row_chunked(logits, rows=index, inverse_temperature=inverse.to(logits.device))
         vocab = logits.shape[1]
-        if self._y is None or self._y.shape[1] != vocab:
-            self._y = torch.empty(1, vocab, dtype=torch.float32)
+        if self._z is None or self._z.shape[1] != vocab:
+            self._z = torch.empty(1, vocab, dtype=torch.float32)
             self._e = torch.empty(1, vocab, dtype=torch.float32)
         out = torch.empty(len(rows), dtype=torch.float32)
         for i, row in enumerate(rows):
-            out[i : i + 1] = entropy_per_row_shifted(logits[row : row + 1], self._y, self._e,
+            out[i : i + 1] = entropy_per_row_shifted(logits[row : row + 1], self._z, self._e,
                                                      inverse_temperature=inverse[i : i + 1])
         return out
 
@@ -248,11 +283,12 @@ class KeptLogits:
         kept[: logits.shape[0]].copy_(logits)
         return values
 
-    def surprisal(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def surprisal(self, rows: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
         if self._kept is None:
             raise RuntimeError("surprisal needs a call before it")
-        picked = self._kept[rows].float()
-        return torch.logsumexp(picked, dim=-1) - picked.gather(1, tokens[:, None]).squeeze(1)
+        index = torch.tensor([list(rows), list(tokens)], dtype=torch.long).to(self._kept.device, non_blocking=True)
+        picked = self._kept[index[0]].float()
+        return torch.logsumexp(picked, dim=-1) - picked.gather(1, index[1][:, None]).squeeze(1)
 
 
 # --- Triton ------------------------------------------------------------------------------------

@@ -128,8 +128,7 @@ class EntropyTap:
         if not rows:
             return
         with torch.no_grad():
-            index = torch.tensor([rows, tokens], dtype=torch.long).to(self.device, non_blocking=True)
-            values = self.entropy.surprisal(index[0], index[1])  # type: ignore[attr-defined]
+            values = self.entropy.surprisal(rows, tokens)  # type: ignore[attr-defined]
         self.surprisal_transfer.submit(values, owners)
 
     def flush(self) -> None:
