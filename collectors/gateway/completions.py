@@ -280,7 +280,10 @@ class Gateway:
         The body has passed ``params.parse_body``, so the numbers read here are numbers."""
         body = exchange.body
         if exchange.engine == "vllm":
-            xargs = dict(body.get("vllm_xargs") or {})
+            # The tap's keys are the gateway's to set: a client's own (an opt-out of measurement,
+            # someone else's request id) are dropped, whatever the client meant by them.
+            xargs = {key: value for key, value in (body.get("vllm_xargs") or {}).items()
+                     if not str(key).startswith("entroloop_")}
             xargs.update(entroloop_request_id=exchange.request_id, entroloop_trace_id=exchange.trace_id,
                          entroloop_route=self.config.route)
             return {**body, "vllm_xargs": xargs}, None

@@ -17,7 +17,8 @@ mode from the constructor's arguments.
 
 Request correlation: ``SamplingParams.extra_args`` (``vllm_xargs`` in the OpenAI API) may carry
 ``entroloop_request_id`` and ``entroloop_trace_id``; without them a fresh local id is used
-(vLLM's logits-processor interfaces do not expose vLLM's own request id).
+(vLLM's logits-processor interfaces do not expose vLLM's own request id). ``entroloop_tap: false``
+leaves a request unmeasured (the engine's operator's switch: the gateway drops it from clients).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ warn_if_unsupported(getattr(vllm, "__version__", "unknown"), log)
 REQUEST_ID_ARG = "entroloop_request_id"
 TRACE_ID_ARG = "entroloop_trace_id"
 ROUTE_ARG = "entroloop_route"  # the gateway's route, so TokenEntropy and the gateway's Audit name the same one
+TAP_ARG = "entroloop_tap"  # false: this request is not measured (`entroloop bench collector`'s plain passes)
 
 _BASES: tuple[type, ...] = (V1LogitsProcessor,) if V2LogitsProcessor is None else (
     V1LogitsProcessor,
@@ -65,6 +67,11 @@ def request_ids(params: Any) -> tuple[str, str]:
     """(request id, trace id) from a request's SamplingParams ``extra_args``."""
     extra = getattr(params, "extra_args", None) or {}
     return str(extra.get(REQUEST_ID_ARG) or f"local-{uuid7()}"), str(extra.get(TRACE_ID_ARG) or "")
+
+
+def measured(params: Any) -> bool:
+    """Whether the tap measures this request (``extra_args.entroloop_tap``, default true)."""
+    return (getattr(params, "extra_args", None) or {}).get(TAP_ARG, True) is not False
 
 
 def _served_model_name(vllm_config: Any) -> str:
@@ -110,6 +117,8 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
         for key in (REQUEST_ID_ARG, TRACE_ID_ARG, ROUTE_ARG):
             if key in extra and not isinstance(extra[key], str):
                 raise ValueError(f"vllm_xargs.{key} must be a string")
+        if TAP_ARG in extra and not isinstance(extra[TAP_ARG], bool):
+            raise ValueError(f"vllm_xargs.{TAP_ARG} must be true or false")
 
     def _note_route(self, request_id: str, params: Any) -> None:
         route = (getattr(params, "extra_args", None) or {}).get(ROUTE_ARG)
@@ -125,19 +134,28 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if self.tap is None or batch_update is None:
             return
-        added = []
+        added, removed = [], list(batch_update.removed)
         for index, params, _prompt, output_ids in batch_update.added:
+            if not measured(params):
+                # Nothing to open, but the row's previous occupant leaves all the same. As a removal
+                # it is shipped before the adds, as vLLM's add onto its row would evict it; no other
+                # add targets the same row, and later moves find the row empty, as untracked.
+                removed.append(index)
+                continue
             request_id, trace_id = request_ids(params)
             self._note_route(request_id, params)
             added.append(AddedRow(index, request_id, trace_id, output_ids, temperature=_temperature(params)))
         moved = [
             MovedRow(a, b, swap=direction == MoveDirectionality.SWAP) for a, b, direction in batch_update.moved
         ]
-        self.tap.on_batch_update(list(batch_update.removed), added, moved)
+        self.tap.on_batch_update(removed, added, moved)
 
     # --- Model Runner V2 interface -----------------------------------------------------------
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         if self.tap is None:
+            return False
+        if not measured(sampling_params):
+            self.tap.on_batch_update([req_idx], [], [])  # the slot's previous occupant leaves
             return False
         request_id, trace_id = request_ids(sampling_params)
         self._note_route(request_id, sampling_params)

@@ -163,7 +163,9 @@ def test_completions_endpoint_with_openai_engine() -> None:
 
 def test_vllm_engine_gets_correlation_ids_adapter_and_version_and_answer_is_byte_identical() -> None:
     published: list = []
-    body = {**CHAT, "model": "support-lora", "vllm_xargs": {"mine": 1}}
+    # a client's own tap keys (an opt-out of measurement, a spoofed id) do not reach the engine
+    body = {**CHAT, "model": "support-lora",
+            "vllm_xargs": {"mine": 1, "entroloop_tap": False, "entroloop_request_id": "spoofed"}}
     with FakeUpstream(vllm=True) as upstream, _gateway(upstream, published) as client:
         answer = client.post("/v1/chat/completions", json=body, headers=HEADERS)
         _, sent_body, sent_headers = upstream.received[0]

@@ -154,6 +154,51 @@ def test_v2_interface_maps_reordered_rows_to_slots(processor_env) -> None:
     assert by_id["y"].n_tokens == 2  # the partial-prefill step was not credited
 
 
+def unmeasured(request_id: str):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=8, extra_args={"entroloop_request_id": request_id, "entroloop_tap": False})
+
+
+def test_a_request_that_opts_out_is_not_measured_and_evicts_its_rows_occupant_v1(processor_env) -> None:
+    import torch
+    from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    proc = EntropyTapLogitsProcessor(fake_vllm_config(), torch.device("cpu"), False)
+    out_a: list[int] = []
+    proc.update_state(BatchUpdate(batch_size=2, removed=[], moved=[],
+                                  added=[(0, params("a"), [1], out_a), (1, unmeasured("quiet"), [2], [])]))
+    for _ in range(3):
+        proc.apply(torch.randn(2, 100))
+        out_a.append(7)  # vLLM samples a's token after the processors
+    # "quiet2" takes a's row without a removal of a (vLLM's add evicts the occupant), then is moved
+    proc.update_state(BatchUpdate(batch_size=2, removed=[], moved=[(0, 1, MoveDirectionality.SWAP)],
+                                  added=[(0, unmeasured("quiet2"), [3], [])]))
+    assert [r.request_id for r in SHIPPED] == ["a"] and SHIPPED[0].n_tokens == 3
+    proc.apply(torch.randn(2, 100))
+    proc.tap.flush()
+    assert [r.request_id for r in SHIPPED] == ["a"]  # the opted-out requests left no record
+    assert proc.tap.steps == 3  # and no reduction ran once no measured request was in the batch
+
+
+def test_a_request_that_opts_out_is_not_measured_v2(processor_env) -> None:
+    import torch
+    from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+
+    prompt_len = np.zeros(8, dtype=np.int32)
+    req_states = SimpleNamespace(device=torch.device("cpu"), max_num_reqs=8, prompt_len=SimpleNamespace(np=prompt_len))
+    proc = EntropyTapLogitsProcessor(fake_vllm_config(), req_states)
+    assert proc.add_request(3, params("x")) is True
+    ctx = SimpleNamespace(idx_mapping_np=np.array([3]), seq_lens_upper_bound_np=np.array([1]))
+    proc.apply(torch.randn(1, 50), ctx)
+    assert proc.add_request(3, unmeasured("quiet")) is False  # vLLM will not call us for it
+    assert [r.request_id for r in SHIPPED] == ["x"]  # the slot's previous occupant was shipped
+    proc.apply(torch.randn(1, 50), ctx)
+    proc.tap.flush()
+    assert [r.request_id for r in SHIPPED] == ["x"]
+
+
 def test_disabled_tap_is_inert(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
@@ -171,6 +216,9 @@ def test_validate_params_rejects_non_string_ids() -> None:
     EntropyTapLogitsProcessor.validate_params(SamplingParams(extra_args={"entroloop_request_id": "ok"}))
     with pytest.raises(ValueError):
         EntropyTapLogitsProcessor.validate_params(SamplingParams(extra_args={"entroloop_request_id": 7}))
+    EntropyTapLogitsProcessor.validate_params(SamplingParams(extra_args={"entroloop_tap": False}))
+    with pytest.raises(ValueError, match="entroloop_tap must be true or false"):
+        EntropyTapLogitsProcessor.validate_params(SamplingParams(extra_args={"entroloop_tap": "no"}))
 
 
 def test_entropy_per_row_handles_masked_tokens() -> None:
