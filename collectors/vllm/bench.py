@@ -1,16 +1,18 @@
 """Generation throughput of one engine and workload: plain, with the entropy tap, with top-20 logprobs.
 
-Each variant runs in its own Python process (``python -m entroloop.collectors.vllm.bench VARIANT ...``) so
-the engines never share state and the tap's switch (``ENTROLOOP_ENTROPY_TAP_ENABLED``) is read by
-a fresh engine core. Timing covers ``LLM.generate`` after a warm-up batch, plus — for the common
-practice — the host-side entropy from the returned top-20 logprobs, which is part of its cost.
+A round runs one engine, in its own Python process (``python -m entroloop.collectors.vllm.bench
+MODEL ...``), with the tap loaded and on; the variants are per-request sampling parameters
+(``serve``): the plain passes opt their requests out of the tap (``entroloop_tap: false``), the
+top-20 ones also ask for logprobs. Timing covers ``LLM.generate`` after a warm-up, plus — for the
+common practice — the host-side entropy from the returned top-20 logprobs, which is part of its cost.
 
-The engines of a round are all started first and then take turns, one timed pass each (the order
-reversed every other turn), so a plain pass and a tap pass are seconds apart and the ratio is the
-median of those adjacent pairs. Timed one engine process after the other, a minute apart, the
-machine's drift between them was larger than the tap's cost: on 2 shared cores the realistic
-shape's per-round ratios spread 0.78–1.21 around a tap that costs ~1.5 % of a step. An engine
-waiting for its turn is blocked on a pipe (its engine core on its input queue), not polling.
+The variants take turns, one timed pass each (the order reversed every other turn), so a plain pass
+and a tap pass are seconds apart and the ratio is the median of those adjacent pairs. Why one
+engine for all: with an engine process per variant (until 2026-12-07) the rounds disagreed by more
+than the tap costs (0.93–0.99 around a tap of ~2 % of a step) while the turns within a round
+agreed: each process has its own placement in memory and caches, a bias fixed for the process's
+life that no pairing of turns cancels. Before that, one engine process after the other, a minute
+apart, the machine's drift between them was larger still (per-round ratios 0.78–1.21).
 
 The models have random weights and are built locally (no downloads), in two shapes (``SHAPES``): a
 tiny Llama (2 layers, hidden 256, vocabulary 32,000), where the step is so cheap that the tap's
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import TextIO
 
 VARIANTS = ("plain", "tap", "top20")
-PASSES = 6  # timed passes per engine; the engines take turns, pass by pass
+PASSES = 10  # timed passes per variant; the variants take turns, pass by pass (pairs spread ±3 %)
 LM_HEAD_GAIN = 15.0  # mean exact entropy of a few nats, as trained chat models show
 MODEL_CACHE = Path.home() / ".cache" / "entroloop" / "bench-models"
 BUILDER_VERSION = 2  # bump when build_model changes what it writes (the cache key includes it)
@@ -183,13 +185,15 @@ def topk_entropy(logprobs: dict) -> float:
     return -sum(math.exp(v) / mass * (v - math.log(mass)) for v in lps)
 
 
-def serve_variant(variant: str, model: Path, work: Workload, sink_dir: Path, commands: TextIO,
-                  replies: TextIO) -> None:
-    """In this process: one engine and its warm-up, then one timed pass of the workload per ``pass``
-    line read from ``commands``, each answered by a JSON line on ``replies`` (``{"ready": true}`` once
-    warm). A pass's time covers ``LLM.generate`` (and, for top-20, the host entropy); the first pass
-    also returns what the round compares (host entropies, logprob payload)."""
-    os.environ["ENTROLOOP_ENTROPY_TAP_ENABLED"] = "true" if variant == "tap" else "false"
+def serve(model: Path, work: Workload, sink_dir: Path, commands: TextIO, replies: TextIO) -> None:
+    """In this process: one engine and its warm-up, then one timed pass of the workload per ``pass
+    VARIANT`` line read from ``commands``, each answered by a JSON line on ``replies`` (``{"ready":
+    true}`` once warm). The tap is loaded and on; a variant is a pass's sampling parameters: ``tap``
+    leaves the requests measured, ``plain`` opts them out (``entroloop_tap: false``: the processor is
+    called each step and finds no measured row), ``top20`` opts out and asks for 20 logprobs. A pass's
+    time covers ``LLM.generate`` (and, for top-20, the host entropy); a variant's first pass also
+    returns what the round compares (host entropies, logprob payload)."""
+    os.environ["ENTROLOOP_ENTROPY_TAP_ENABLED"] = "true"
     os.environ["ENTROLOOP_ENTROPY_TAP_SINK"] = f"file:{sink_dir}/tokens-{{pid}}.bin"
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -204,16 +208,15 @@ def serve_variant(variant: str, model: Path, work: Workload, sink_dir: Path, com
         max_num_seqs=work.max_num_seqs,
         seed=work.seed,
     )
-    logprobs = 20 if variant == "top20" else None
 
-    def params(i: int, max_tokens: int) -> SamplingParams:
+    def params(variant: str, request_id: str, max_tokens: int) -> SamplingParams:
         return SamplingParams(
             temperature=0.0,
             max_tokens=max_tokens,
             ignore_eos=True,
             detokenize=False,
-            logprobs=logprobs,
-            extra_args={"entroloop_request_id": f"bench-{i}"},
+            logprobs=20 if variant == "top20" else None,
+            extra_args={"entroloop_request_id": request_id, "entroloop_tap": variant == "tap"},
         )
 
     def reply(message: dict) -> None:
@@ -221,23 +224,25 @@ def serve_variant(variant: str, model: Path, work: Workload, sink_dir: Path, com
         replies.flush()
 
     prompts = _prompts(work)
-    llm.generate(prompts[: work.max_num_seqs], [params(-1 - i, 8) for i in range(work.max_num_seqs)], use_tqdm=False)
+    for variant in work.variants:  # warm every path a pass takes (the tap's buffers, the logprobs)
+        llm.generate(prompts[: work.max_num_seqs],
+                     [params(variant, f"warm-{variant}-{i}", 8) for i in range(work.max_num_seqs)], use_tqdm=False)
     reply({"ready": True})
-    for n, command in enumerate(commands):
-        if command.strip() != "pass":
+    passes = dict.fromkeys(work.variants, 0)
+    for command in commands:
+        verb, _, variant = command.strip().partition(" ")
+        if verb != "pass" or variant not in passes:
             break
-        # Request ids of later passes start with "bench--" like the warm-up's, so only the first
-        # pass's records are compared with the top-20 practice.
-        first = n * work.requests
+        # A variant's first pass has ids bench-0..; later ones are unique (bench--...), so only the
+        # first pass's records are compared with the top-20 practice.
+        n, passes[variant] = passes[variant], passes[variant] + 1
+        ids = [f"bench-{i}" if n == 0 else f"bench--{variant}-{n}-{i}" for i in range(work.requests)]
         start = time.perf_counter()
-        outputs = llm.generate(
-            prompts, [params(i if n == 0 else -1 - work.max_num_seqs - first - i, work.max_tokens)
-                      for i in range(work.requests)], use_tqdm=False,
-        )
+        outputs = llm.generate(prompts, [params(variant, rid, work.max_tokens) for rid in ids], use_tqdm=False)
         host_entropies: dict[str, list[float]] = {}
         if variant == "top20":
-            for i, out in enumerate(outputs):
-                host_entropies[f"bench-{i}"] = [topk_entropy(step) for step in out.outputs[0].logprobs]
+            for rid, out in zip(ids, outputs):
+                host_entropies[rid] = [topk_entropy(step) for step in out.outputs[0].logprobs]
         answer: dict = {"seconds": time.perf_counter() - start,
                         "tokens": sum(len(out.outputs[0].token_ids) for out in outputs)}
         if n == 0 and variant == "top20":
@@ -255,23 +260,23 @@ def _logprob_payload_bytes(outputs) -> float:
 
 
 class _EngineProcess:
-    """One variant's engine in its own process (``serve_variant``), driven pass by pass."""
+    """The round's engine in its own process (``serve``), driven pass by pass."""
 
-    def __init__(self, variant: str, work: Workload, model: Path, run_dir: Path, python: str) -> None:
-        self.variant, self.run_dir = variant, run_dir
+    def __init__(self, work: Workload, model: Path, run_dir: Path, python: str) -> None:
+        self.run_dir = run_dir
         self.sink_dir = run_dir / "sink"
         self.sink_dir.mkdir()
         self.log_path = run_dir / "engine.log"
         read_end, write_end = os.pipe()  # replies: vLLM logs to stdout, so not there
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [python, "-m", "entroloop.collectors.vllm.bench", variant, str(model), str(self.sink_dir),
+                [python, "-m", "entroloop.collectors.vllm.bench", str(model), str(self.sink_dir),
                  json.dumps(asdict(work)), str(write_end)],
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_end,), text=True,
             )
         os.close(write_end)  # ours: the child's exit must end our reads
         self.replies = os.fdopen(read_end, "r")
-        self.passes: list[dict] = []
+        self.passes: dict[str, list[dict]] = {variant: [] for variant in work.variants}
         try:
             self._read()  # {"ready": true}: the engine is built and warm
         except BaseException:
@@ -283,14 +288,14 @@ class _EngineProcess:
         if not line:
             self.proc.wait(60)
             tail = self.log_path.read_text(errors="replace")[-4000:]
-            raise RuntimeError(f"bench variant {self.variant} failed (exit {self.proc.returncode}):\n{tail}")
+            raise RuntimeError(f"bench engine failed (exit {self.proc.returncode}):\n{tail}")
         return json.loads(line)
 
-    def timed_pass(self) -> None:
+    def timed_pass(self, variant: str) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write("pass\n")
+        self.proc.stdin.write(f"pass {variant}\n")
         self.proc.stdin.flush()
-        self.passes.append(self._read())
+        self.passes[variant].append(self._read())
 
     def stop(self) -> None:
         if self.proc.stdin is not None and not self.proc.stdin.closed:
@@ -305,49 +310,44 @@ class _EngineProcess:
             self.proc.wait(30)
         self.replies.close()
 
-    def result(self, steps: int) -> dict:
-        seconds = [p["seconds"] for p in self.passes]
-        tokens = self.passes[0]["tokens"]
+    def result(self, variant: str, steps: int) -> dict:
+        passes = self.passes[variant]
+        seconds = [p["seconds"] for p in passes]
+        tokens = passes[0]["tokens"]
         fastest = min(seconds)
-        result = {"variant": self.variant, "tokens": tokens, "seconds": fastest, "passes": seconds,
+        result = {"variant": variant, "tokens": tokens, "seconds": fastest, "passes": seconds,
                   "tokens_per_s": tokens / fastest, "step_us": fastest / steps * 1e6}
         for key in ("host_entropies", "logprob_bytes_per_request"):
-            if key in self.passes[0]:
-                result[key] = self.passes[0][key]
+            if key in passes[0]:
+                result[key] = passes[0][key]
         return result
 
 
 def run_round(work: Workload, model: Path, scratch: Path, python: str = sys.executable,
               order: tuple[str, ...] | None = None) -> dict:
-    """One round: an engine process per variant of ``work.variants``, started one after the
-    other, then ``PASSES`` turns in which each runs one timed pass (the order reversed every other
-    turn); their figures, each pass's time included."""
+    """One round: one engine process, warmed, then ``PASSES`` turns in which each variant of
+    ``work.variants`` runs one timed pass (the order reversed every other turn); their figures, each
+    pass's time included."""
     from entroloop.collectors.vllm.emit import read_frames
 
     order = tuple(order or work.variants)
-    engines: dict[str, _EngineProcess] = {}
+    engine = _EngineProcess(work, model, Path(tempfile.mkdtemp(prefix="engine-", dir=scratch)), python)
     try:
-        for variant in order:
-            engines[variant] = _EngineProcess(variant, work, model, Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=scratch)),
-                                              python)
         for turn in range(PASSES):
             for variant in (order if turn % 2 == 0 else tuple(reversed(order))):
-                engines[variant].timed_pass()
+                engine.timed_pass(variant)
     finally:
-        for engine in engines.values():
-            engine.stop()
-    results = {}
-    for variant, engine in engines.items():
-        results[variant] = engine.result(work.steps)
-        if variant == "tap":
-            records = [r for p in sorted(engine.sink_dir.glob("tokens-*.bin")) for r in read_frames(p)]
-            results[variant]["exact"] = {
-                r.request_id: r.values().astype(float).tolist()
-                for r in records
-                if r.request_id.startswith("bench-") and not r.request_id.startswith("bench--")
-            }
-            results[variant]["records"] = len(records)
-        shutil.rmtree(engine.run_dir, ignore_errors=True)
+        engine.stop()
+    results = {variant: engine.result(variant, work.steps) for variant in order}
+    if "tap" in results:
+        records = [r for p in sorted(engine.sink_dir.glob("tokens-*.bin")) for r in read_frames(p)]
+        results["tap"]["exact"] = {
+            r.request_id: r.values().astype(float).tolist()
+            for r in records
+            if r.request_id.startswith("bench-") and not r.request_id.startswith("bench--")
+        }
+        results["tap"]["records"] = len(records)
+    shutil.rmtree(engine.run_dir, ignore_errors=True)
     return results
 
 
@@ -391,7 +391,6 @@ def round_figures(work: Workload, results: dict) -> tuple[dict[str, float], dict
 
 if __name__ == "__main__":
     # vLLM logs to stdout, so the replies go to a pipe the parent passed (its descriptor number).
-    variant_name, model_dir, sink, work_json, reply_fd = sys.argv[1:6]
+    model_dir, sink, work_json, reply_fd = sys.argv[1:5]
     with os.fdopen(int(reply_fd), "w") as reply_pipe:
-        serve_variant(variant_name, Path(model_dir), Workload(**json.loads(work_json)), Path(sink), sys.stdin,
-                      reply_pipe)
+        serve(Path(model_dir), Workload(**json.loads(work_json)), Path(sink), sys.stdin, reply_pipe)

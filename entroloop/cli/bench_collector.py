@@ -119,8 +119,8 @@ def _write_report(results: dict, out: Path) -> None:
         rep = result["repeated"]
         shape = (f"{name}: random {w['architecture']}, hidden {w['hidden']}, {w['layers']} layers, vocab {w['vocab']:,}, "
                  f"{w['dtype']}; {w['requests']} requests x {w['max_tokens']} tokens, batch {w['max_num_seqs']} "
-                 f"= {result['steps']} engine steps; each variant in its own engine process, all started first, then "
-                 f"{bench_passes()} turns of one timed pass each (tokens/s: the fastest pass)")
+                 f"= {result['steps']} engine steps; one engine process per round, tap on, plain passes opting their "
+                 f"requests out of it; {bench_passes()} turns of one timed pass per variant (tokens/s: the fastest pass)")
         realistic = name == REALISTIC
         rows.append(figure(section, f"{name}: plain engine, generation tokens/s", rep["plain_tokens_per_s"], "tokens/s",
                            note=f"vLLM CPU build; {shape}"))

@@ -159,15 +159,16 @@ def test_paired_turns_cancel_a_drift_that_fastest_passes_would_not() -> None:
 
 
 FAKE_ENGINE = '''#!{python}
-"""Stands in for `python -m entroloop.collectors.vllm.bench VARIANT MODEL SINK WORK REPLY_FD`."""
+"""Stands in for `python -m entroloop.collectors.vllm.bench MODEL SINK WORK REPLY_FD`."""
 import json, os, sys, time
-variant, reply_fd = sys.argv[3], int(sys.argv[7])
-if variant == "{broken}":
+reply_fd = int(sys.argv[6])
+if "{broken}":
     print("engine failed to start: out of memory", flush=True)
     sys.exit(3)
 replies = os.fdopen(reply_fd, "w")
 replies.write(json.dumps({{"ready": True}}) + "\\n"); replies.flush()
 for line in sys.stdin:
+    variant = line.split()[1]
     with open("{turns}", "a") as turns:
         turns.write(variant + "\\n")
     replies.write(json.dumps({{"seconds": 0.5 if variant == "plain" else 0.51, "tokens": 80}}) + "\\n")
@@ -185,7 +186,7 @@ def _fake_engine(tmp_path: Path, broken: str = "") -> tuple[str, Path]:
     return str(script), turns
 
 
-def test_a_round_starts_every_engine_then_takes_turns_pass_by_pass(tmp_path: Path, monkeypatch) -> None:
+def test_a_round_starts_one_engine_then_its_variants_take_turns_pass_by_pass(tmp_path: Path, monkeypatch) -> None:
     python, turns = _fake_engine(tmp_path)
     monkeypatch.setattr("entroloop.collectors.vllm.emit.read_frames", lambda path: [])
     work = replace(bench.SHAPES["qwen2.5-0.5b"], requests=8, max_tokens=10)
@@ -195,12 +196,12 @@ def test_a_round_starts_every_engine_then_takes_turns_pass_by_pass(tmp_path: Pat
     numbers, _ = bench.round_figures(work, results)
     assert numbers["tap_ratio"] == pytest.approx(0.5 / 0.51)
     assert numbers["tap_overhead_us_per_step"] == pytest.approx(0.01 / work.steps * 1e6)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(("plain-", "tap-"))]  # run folders removed
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("engine-")]  # the run folder removed
 
 
 def test_an_engine_that_dies_fails_the_round_with_its_log(tmp_path: Path) -> None:
-    python, turns = _fake_engine(tmp_path, broken="tap")
+    python, turns = _fake_engine(tmp_path, broken="yes")
     work = replace(bench.SHAPES["qwen2.5-0.5b"], requests=8, max_tokens=10)
-    with pytest.raises(RuntimeError, match="bench variant tap failed .exit 3.:\n.*out of memory"):
+    with pytest.raises(RuntimeError, match="bench engine failed .exit 3.:\n.*out of memory"):
         bench.run_round(work, tmp_path / "model", tmp_path, python=python)
-    assert not turns.exists()  # no pass ran: the plain engine was stopped, not left waiting
+    assert not turns.exists()  # no pass ran
