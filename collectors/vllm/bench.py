@@ -34,6 +34,7 @@ import math
 import os
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -195,6 +196,7 @@ def serve(model: Path, work: Workload, sink_dir: Path, commands: TextIO, replies
     returns what the round compares (host entropies, logprob payload)."""
     os.environ["ENTROLOOP_ENTROPY_TAP_ENABLED"] = "true"
     os.environ["ENTROLOOP_ENTROPY_TAP_SINK"] = f"file:{sink_dir}/tokens-{{pid}}.bin"
+    os.environ["ENTROLOOP_ENTROPY_TAP_TIMINGS"] = f"{sink_dir}/tap-seconds-{{pid}}.bin"
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
@@ -223,10 +225,12 @@ def serve(model: Path, work: Workload, sink_dir: Path, commands: TextIO, replies
         replies.write(json.dumps(message) + "\n")
         replies.flush()
 
+    tap_seconds = _TapSeconds(sink_dir)
     prompts = _prompts(work)
     for variant in work.variants:  # warm every path a pass takes (the tap's buffers, the logprobs)
         llm.generate(prompts[: work.max_num_seqs],
                      [params(variant, f"warm-{variant}-{i}", 8) for i in range(work.max_num_seqs)], use_tqdm=False)
+    tap_seconds.read()  # the warm-up's
     reply({"ready": True})
     passes = dict.fromkeys(work.variants, 0)
     for command in commands:
@@ -244,10 +248,31 @@ def serve(model: Path, work: Workload, sink_dir: Path, commands: TextIO, replies
             for rid, out in zip(ids, outputs):
                 host_entropies[rid] = [topk_entropy(step) for step in out.outputs[0].logprobs]
         answer: dict = {"seconds": time.perf_counter() - start,
-                        "tokens": sum(len(out.outputs[0].token_ids) for out in outputs)}
+                        "tokens": sum(len(out.outputs[0].token_ids) for out in outputs),
+                        "tap_seconds": tap_seconds.read()}
         if n == 0 and variant == "top20":
             answer |= {"host_entropies": host_entropies, "logprob_bytes_per_request": _logprob_payload_bytes(outputs)}
         reply(answer)
+
+
+class _TapSeconds:
+    """The tap's own time inside the engine (``entropy_tap_timings`` files in ``folder``), read pass
+    by pass: each ``read`` sums what was appended since the last. The requests a pass finishes leave
+    the batch at the next pass's first step, so their shipping counts there (a few µs per request)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.offsets: dict[Path, int] = {}
+
+    def read(self) -> float:
+        total = 0.0
+        for path in sorted(self.folder.glob("tap-seconds-*.bin")):
+            data = path.read_bytes()
+            start = self.offsets.get(path, 0)
+            end = start + (len(data) - start) // 8 * 8  # a write in progress is read next time
+            total += sum(value for (value,) in struct.iter_unpack("<d", data[start:end]))
+            self.offsets[path] = end
+        return total
 
 
 def _logprob_payload_bytes(outputs) -> float:
@@ -316,6 +341,7 @@ class _EngineProcess:
         tokens = passes[0]["tokens"]
         fastest = min(seconds)
         result = {"variant": variant, "tokens": tokens, "seconds": fastest, "passes": seconds,
+                  "tap_seconds": [p.get("tap_seconds") for p in passes],
                   "tokens_per_s": tokens / fastest, "step_us": fastest / steps * 1e6}
         for key in ("host_entropies", "logprob_bytes_per_request"):
             if key in passes[0]:
@@ -360,6 +386,21 @@ def paired(plain: dict, other: dict, steps: int) -> tuple[float, float]:
     return ratio, overhead
 
 
+def in_engine(plain: dict, tap: dict, steps: int) -> tuple[float, float] | None:
+    """(the tap's own time per step in µs, the tokens/s ratio if that were all it added): medians over
+    the turns of the tap's time inside the engine in its pass minus in the plain pass (``tap_seconds``,
+    timed by the tap itself), against the plain pass's time. Unlike ``paired`` this leaves out the
+    forward pass, whose time wanders ±5 % from pass to pass and hides a cost of ~2 % of a step; it
+    also leaves out whatever the tap might cost outside its own calls (``paired`` bounds that)."""
+    timed_plain, timed_tap = plain.get("tap_seconds") or [], tap.get("tap_seconds") or []
+    if not timed_plain or None in timed_plain or None in timed_tap:
+        return None  # an engine whose tap was not timed
+    pairs = list(zip(plain["passes"], timed_plain, timed_tap, strict=True))
+    overhead = statistics.median((b - a) / steps * 1e6 for _, a, b in pairs)
+    ratio = statistics.median(p / (p + b - a) for p, a, b in pairs)
+    return overhead, ratio
+
+
 def round_figures(work: Workload, results: dict) -> tuple[dict[str, float], dict]:
     """(numbers to repeat, details of this round) from one round's results."""
     plain = results["plain"]
@@ -373,6 +414,9 @@ def round_figures(work: Workload, results: dict) -> tuple[dict[str, float], dict
             "tap_ratio": tap_ratio,
             "tap_overhead_us_per_step": tap_overhead,
         }
+        timed = in_engine(plain, tap, work.steps)
+        if timed is not None:
+            numbers |= {"tap_in_engine_us_per_step": timed[0], "tap_in_engine_ratio": timed[1]}
         details["tap_requests_shipped"] = len(tap["exact"])
         all_exact = [v for values in tap["exact"].values() for v in values]
         details["exact_entropy_mean"] = sum(all_exact) / len(all_exact) if all_exact else None

@@ -24,6 +24,9 @@ leaves a request unmeasured (the engine's operator's switch: the gateway drops i
 from __future__ import annotations
 
 import logging
+import os
+import struct
+import time
 from typing import Any
 
 import torch
@@ -109,7 +112,12 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
                 chunk_tokens=settings.entropy_chunk_tokens,
                 surprisal=settings.entropy_tap_surprisal,
             )
+        self._timings = _open_timings(settings.entropy_tap_timings) if self.enabled else None
         log.info("entroloop entropy tap: %s (%s interface)", "on" if self.enabled else "off", self.mode)
+
+    def _timed(self, started: float) -> None:
+        """Append the time since ``started`` to the timings file (``entropy_tap_timings``)."""
+        os.write(self._timings, _SECONDS.pack(time.perf_counter() - started))  # type: ignore[arg-type]
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -134,6 +142,14 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if self.tap is None or batch_update is None:
             return
+        if self._timings is None:
+            self._update_state(batch_update)
+            return
+        started = time.perf_counter()
+        self._update_state(batch_update)
+        self._timed(started)
+
+    def _update_state(self, batch_update: BatchUpdate) -> None:
         added, removed = [], list(batch_update.removed)
         for index, params, _prompt, output_ids in batch_update.added:
             if not measured(params):
@@ -166,10 +182,13 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
     # --- both --------------------------------------------------------------------------------
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         if self.tap is not None:
+            started = time.perf_counter() if self._timings is not None else 0.0
             if ctx is None:
                 self.tap.on_logits(logits)
             else:
                 self._apply_v2(logits, ctx)
+            if self._timings is not None:
+                self._timed(started)
         return logits
 
     def _apply_v2(self, logits: torch.Tensor, ctx: Any) -> None:
@@ -187,6 +206,17 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
                 tap.flush()
             except Exception:  # noqa: BLE001 - interpreter teardown
                 pass
+
+
+_SECONDS = struct.Struct("<d")
+
+
+def _open_timings(path: str) -> int | None:
+    """The timings file's descriptor, appending (one process's calls in order; several processes may
+    share a file: each 8-byte append is atomic), or None when no file is set."""
+    if not path:
+        return None
+    return os.open(path.replace("{pid}", str(os.getpid())), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
 
 def _temperature(params: Any) -> float | None:

@@ -1,5 +1,5 @@
 """`entroloop bench collector`'s repetition: rounds of ``entroloop.collectors.vllm.bench`` (plain / tap / top-20
-engines, each in its own process) repeated with ``entroloop.benchmarks.repeats``, and the entropy
+passes taking turns in one engine process per round) repeated with ``entroloop.benchmarks.repeats``, and the entropy
 reduction alone timed on this machine's CPU and, when CUDA is available, on the GPU — where the
 fused Triton kernel (``entroloop.collectors.vllm.fused_entropy``) is timed beside the reference, so a session
 with a GPU just runs the command.
@@ -31,7 +31,7 @@ LOGIT_SCALE = 20.0
 
 def run(work: Workload, runs: int = DEFAULT_RUNS, python: str = sys.executable, model: Path | None = None,
         progress: Callable[[str], None] = lambda message: None) -> dict:
-    """``runs`` rounds of every variant (each variant in a fresh process, the order alternating from
+    """``runs`` rounds of every variant (a fresh engine process per round, the order alternating from
     round to round so a slow drift of the machine does not favour one); the median, spread and load
     of each figure across rounds, and the tap's reduction alone on this machine."""
     model = model or cached_model(work)
@@ -42,7 +42,7 @@ def run(work: Workload, runs: int = DEFAULT_RUNS, python: str = sys.executable, 
         nonlocal round_no
         order = work.variants if round_no % 2 == 0 else tuple(reversed(work.variants))
         round_no += 1
-        progress(f"{work.shape}: round {round_no}/{runs} ({' / '.join(order)}, one engine process each)")
+        progress(f"{work.shape}: round {round_no}/{runs} ({' / '.join(order)} in one engine process)")
         with tempfile.TemporaryDirectory(prefix="entroloop-bench-") as scratch:
             numbers, round_details = round_figures(work, run_round(work, model, Path(scratch), python, order))
         details.update({k: v for k, v in round_details.items() if k not in details or v is not None})

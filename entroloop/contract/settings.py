@@ -504,6 +504,12 @@ class Settings(BaseSettings):
         "surprisal, not by the entropy. Costs a kept copy of one step's logits rows (on a CPU the "
         "shifted logits the reduction writes anyway: rows x vocab x 4 bytes); false drops it.",
     )
+    entropy_tap_timings: str = Field(
+        "",
+        description="A file to which the tap appends its own time per call from vLLM (float64 seconds, "
+        "little-endian, one per logits step or batch update; `{pid}` expands): how `entroloop bench "
+        "collector` times the tap inside the engine. Empty: not timed.",
+    )
 
     # --- spans and the audit gateway (collectors/otel_exporter.py, collectors/gateway/) ----------
     otel_spans_enabled: bool = Field(

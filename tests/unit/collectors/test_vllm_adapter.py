@@ -199,6 +199,29 @@ def test_a_request_that_opts_out_is_not_measured_v2(processor_env) -> None:
     assert [r.request_id for r in SHIPPED] == ["x"]
 
 
+def test_the_tap_times_itself_into_the_timings_file_when_one_is_set(processor_env, tmp_path, monkeypatch) -> None:
+    import struct
+
+    import torch
+    from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    monkeypatch.setenv("ENTROLOOP_ENTROPY_TAP_TIMINGS", str(tmp_path / "tap-{pid}.bin"))
+    proc = EntropyTapLogitsProcessor(fake_vllm_config(), torch.device("cpu"), False)
+    out: list[int] = []
+    proc.update_state(BatchUpdate(batch_size=1, removed=[], moved=[], added=[(0, params("a"), [1], out)]))
+    proc.update_state(None)  # no update this step: nothing to time
+    for _ in range(3):
+        proc.apply(torch.randn(1, 20_000))
+        out.append(1)
+    proc.update_state(BatchUpdate(batch_size=0, removed=[0], moved=[], added=[]))
+    (timings,) = tmp_path.glob("tap-*.bin")
+    seconds = [s for (s,) in struct.iter_unpack("<d", timings.read_bytes())]
+    assert len(seconds) == 5  # two batch updates and three logits steps, in call order
+    assert all(0 < s < 5 for s in seconds)
+    assert [r.request_id for r in SHIPPED] == ["a"]
+
+
 def test_disabled_tap_is_inert(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor

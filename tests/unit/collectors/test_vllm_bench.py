@@ -101,6 +101,7 @@ def test_one_round_gives_ratios_and_the_per_step_overhead() -> None:
     assert details["exact_entropy_mean"] == pytest.approx(2.0) and details["tap_requests_shipped"] == 2
     plain_and_tap, _ = bench.round_figures(work, {k: results[k] for k in ("plain", "tap")})
     assert "top20_ratio" not in plain_and_tap
+    assert "tap_in_engine_ratio" not in numbers  # these passes carry no timings of the tap
 
 
 def test_the_report_judges_the_realistic_shape_against_its_cpu_target(tmp_path: Path) -> None:
@@ -114,7 +115,8 @@ def test_the_report_judges_the_realistic_shape_against_its_cpu_target(tmp_path: 
         work = bench.SHAPES[shape]
         repeated = {"plain_tokens_per_s": rep(50, 51, 52), "plain_step_us": rep(1e5, 1e5, 1e5),
                     "tap_tokens_per_s": rep(49, 50, 51), "tap_ratio": rep(*ratios),
-                    "tap_overhead_us_per_step": rep(900, 1000, 1100)}
+                    "tap_overhead_us_per_step": rep(900, 1000, 1100),
+                    "tap_in_engine_us_per_step": rep(1200, 1250, 1300), "tap_in_engine_ratio": rep(0.981, 0.982, 0.983)}
         return {"workload": asdict(work), "steps": work.steps, "repeated": repeated, "details": {},
                 "reduction": {"cpu:fused_torch_one_chunk_buffered": rep(700, 710, 720),
                               "cpu:fused_torch_one_chunk": rep(800, 810, 820), "cpu:reference": rep(900, 910, 920)}}
@@ -128,6 +130,10 @@ def test_the_report_judges_the_realistic_shape_against_its_cpu_target(tmp_path: 
     assert realistic["spread"] == "0.97–0.995" and realistic["load_average"] == 0.7
     assert rows["tiny: entropy tap / plain"]["met"] is None  # a CPU figure against a GPU target: not judged
     assert rows["qwen2.5-0.5b: entropy tap overhead per engine step"]["value"] == 1000
+    assert rows["qwen2.5-0.5b: the tap's own time per engine step, timed inside the engine"]["value"] == 1250
+    own = rows["qwen2.5-0.5b: entropy tap / plain, from the tap's own time"]
+    assert own["value"] == 0.982 and own["met"] is True and own["target"] == ">= 0.98 (CPU)"
+    assert rows["tiny: entropy tap / plain, from the tap's own time"]["met"] is None
     assert "the tap's choice" in rows["qwen2.5-0.5b: entropy reduction alone, fused_torch_one_chunk_buffered on CPU"]["note"]
     assert "the tap's choice" not in rows["qwen2.5-0.5b: entropy reduction alone, fused_torch_one_chunk on CPU"]["note"]
     assert rows["fused Triton entropy kernel on a GPU"]["value"] is None  # said, not hidden
@@ -171,7 +177,9 @@ for line in sys.stdin:
     variant = line.split()[1]
     with open("{turns}", "a") as turns:
         turns.write(variant + "\\n")
-    replies.write(json.dumps({{"seconds": 0.5 if variant == "plain" else 0.51, "tokens": 80}}) + "\\n")
+    tap_seconds = 0.001 if variant == "plain" else 0.009  # the tap's own time in the pass
+    replies.write(json.dumps({{"seconds": 0.5 if variant == "plain" else 0.51, "tokens": 80,
+                              "tap_seconds": tap_seconds}}) + "\\n")
     replies.flush()
 '''
 
@@ -196,6 +204,9 @@ def test_a_round_starts_one_engine_then_its_variants_take_turns_pass_by_pass(tmp
     numbers, _ = bench.round_figures(work, results)
     assert numbers["tap_ratio"] == pytest.approx(0.5 / 0.51)
     assert numbers["tap_overhead_us_per_step"] == pytest.approx(0.01 / work.steps * 1e6)
+    # the tap's own time: 8 ms more in a tap pass than in a plain one
+    assert numbers["tap_in_engine_us_per_step"] == pytest.approx(0.008 / work.steps * 1e6)
+    assert numbers["tap_in_engine_ratio"] == pytest.approx(0.5 / 0.508)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("engine-")]  # the run folder removed
 
 
@@ -205,3 +216,14 @@ def test_an_engine_that_dies_fails_the_round_with_its_log(tmp_path: Path) -> Non
     with pytest.raises(RuntimeError, match="bench engine failed .exit 3.:\n.*out of memory"):
         bench.run_round(work, tmp_path / "model", tmp_path, python=python)
     assert not turns.exists()  # no pass ran
+
+
+def test_the_in_engine_figures_leave_out_the_forward_passs_wander() -> None:
+    """Plain passes of 1.0 and 1.5 s (the machine wandered), the tap's own time 20 ms more in each tap
+    pass than in its turn's plain pass: the in-engine ratio sees only the 20 ms."""
+    plain = {"passes": [1.0, 1.5, 1.0], "tap_seconds": [0.001, 0.001, 0.002]}
+    tap = {"passes": [1.6, 1.0, 1.2], "tap_seconds": [0.021, 0.021, 0.022]}
+    overhead, ratio = bench.in_engine(plain, tap, steps=100)
+    assert overhead == pytest.approx(200.0)  # 20 ms over 100 steps
+    assert ratio == pytest.approx(1.0 / 1.02)
+    assert bench.in_engine({**plain, "tap_seconds": [None] * 3}, tap, steps=100) is None  # an untimed engine
