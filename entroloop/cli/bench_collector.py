@@ -98,6 +98,9 @@ def _print(name: str, result: dict) -> None:
     if "tap_overhead_us_per_step" in rep:
         console.print(f"tap overhead per engine step: {_with_spread(rep['tap_overhead_us_per_step'], '{:.0f}')} µs "
                       f"of a {rep['plain_step_us'].median:,.0f} µs step")
+    if "tap_in_engine_us_per_step" in rep:
+        console.print(f"the tap's own time inside the engine: {_with_spread(rep['tap_in_engine_us_per_step'], '{:.0f}')} µs "
+                      f"per step (× plain if that were all: {_with_spread(rep['tap_in_engine_ratio'])})")
     for key, m in result["reduction"].items():
         what = "the tap's whole step" if ":tap_step" in key else "entropy reduction alone"
         console.print(f"{what}, {key}: {_with_spread(m, '{:.0f}')} µs")
@@ -139,15 +142,13 @@ def _write_report(results: dict, out: Path) -> None:
                                rep["tap_in_engine_us_per_step"], "µs",
                                note="the tap's calls from vLLM timed by the tap (ENTROLOOP_ENTROPY_TAP_TIMINGS), tap pass "
                                "minus plain pass, / steps; median over a round's turns"))
-            ratio = rep["tap_in_engine_ratio"].median
-            target, met = (f">= {TAP_TARGET_RATIO_CPU_REALISTIC} (CPU)", ratio >= TAP_TARGET_RATIO_CPU_REALISTIC) \
-                if realistic else ("", None)
+            # Not judged against the target: the target is on tokens/s, which the paired ratio measures
+            # (this one leaves out whatever the tap costs outside its own calls).
             rows.append(figure(section, f"{name}: entropy tap / plain, from the tap's own time", rep["tap_in_engine_ratio"],
-                               "×", target=target, met=met,
-                               baseline="per turn, plain pass / (plain pass + the tap's extra time inside the engine)",
-                               note="leaves out the forward pass's pass-to-pass wander (±5 %), which the paired ratio "
-                               "above carries; leaves out any cost outside the tap's own calls, which the paired "
-                               "ratio includes"))
+                               "×", baseline="per turn, plain pass / (plain pass + the tap's extra time inside the engine)",
+                               note="leaves out the forward pass's wander from pass to pass (±5 %), which the paired "
+                               "ratio carries, and any cost outside the tap's own calls, which it includes: the "
+                               "paired ratio is the one judged"))
         if "top20_ratio" in rep:
             rows.append(figure(section, f"{name}: top-20 logprobs + host entropy / plain", rep["top20_ratio"], "×",
                                baseline="common practice, measured in the same turns"))

@@ -132,8 +132,7 @@ def test_the_report_judges_the_realistic_shape_against_its_cpu_target(tmp_path: 
     assert rows["qwen2.5-0.5b: entropy tap overhead per engine step"]["value"] == 1000
     assert rows["qwen2.5-0.5b: the tap's own time per engine step, timed inside the engine"]["value"] == 1250
     own = rows["qwen2.5-0.5b: entropy tap / plain, from the tap's own time"]
-    assert own["value"] == 0.982 and own["met"] is True and own["target"] == ">= 0.98 (CPU)"
-    assert rows["tiny: entropy tap / plain, from the tap's own time"]["met"] is None
+    assert own["value"] == 0.982 and own["met"] is None  # shown, not judged: it leaves costs out
     assert "the tap's choice" in rows["qwen2.5-0.5b: entropy reduction alone, fused_torch_one_chunk_buffered on CPU"]["note"]
     assert "the tap's choice" not in rows["qwen2.5-0.5b: entropy reduction alone, fused_torch_one_chunk on CPU"]["note"]
     assert rows["fused Triton entropy kernel on a GPU"]["value"] is None  # said, not hidden
