@@ -216,7 +216,12 @@ def _open_timings(path: str) -> int | None:
     share a file: each 8-byte append is atomic), or None when no file is set."""
     if not path:
         return None
-    return os.open(path.replace("{pid}", str(os.getpid())), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    target = path.replace("{pid}", str(os.getpid()))
+    try:
+        return os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ValueError(f"ENTROLOOP_ENTROPY_TAP_TIMINGS={path!r}: cannot append to {target} ({exc.strerror}); "
+                         "name a writable file or leave the setting empty") from exc
 
 
 def _temperature(params: Any) -> float | None:

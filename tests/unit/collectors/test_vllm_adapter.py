@@ -222,6 +222,15 @@ def test_the_tap_times_itself_into_the_timings_file_when_one_is_set(processor_en
     assert [r.request_id for r in SHIPPED] == ["a"]
 
 
+def test_an_unwritable_timings_file_is_a_config_error_naming_the_setting(processor_env, tmp_path, monkeypatch) -> None:
+    import torch
+    from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
+
+    monkeypatch.setenv("ENTROLOOP_ENTROPY_TAP_TIMINGS", str(tmp_path / "missing-folder" / "tap.bin"))
+    with pytest.raises(ValueError, match="ENTROLOOP_ENTROPY_TAP_TIMINGS=.*cannot append.*leave the setting empty"):
+        EntropyTapLogitsProcessor(fake_vllm_config(), torch.device("cpu"), False)
+
+
 def test_disabled_tap_is_inert(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from entroloop.collectors.vllm.vllm_adapter import EntropyTapLogitsProcessor
