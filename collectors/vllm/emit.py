@@ -113,7 +113,22 @@ class TokenEntropyEmitter:
     def __call__(self, chunk: ShippedChunk) -> None:
         if not chunk.values and chunk.chunk_index > 0:
             return  # nothing new since the previous chunk (e.g. preempted before a new token)
-        record = TokenEntropy(
+        try:
+            record = self._record(chunk)
+        except ValueError:  # a record the contract refuses (a bug of the tap's): never the engine's failure
+            self.errors += 1
+            log.exception("entroloop entropy tap: dropped the record of request %s (chunk %d): invalid",
+                          chunk.request_id, chunk.chunk_index)
+            return
+        try:
+            self.publish(record)
+            self.emitted += 1
+        except Exception:  # noqa: BLE001 - the serving step must not fail because a sink did
+            self.errors += 1
+            log.exception("entroloop entropy tap: sink failed for request %s", chunk.request_id)
+
+    def _record(self, chunk: ShippedChunk) -> TokenEntropy:
+        return TokenEntropy(
             **self.stamper.stamp(),
             request_id=chunk.request_id,
             trace_id=chunk.trace_id or new_trace_id(),
@@ -132,9 +147,3 @@ class TokenEntropyEmitter:
             first_token_index=chunk.first_token_index,
             final=chunk.final,
         )
-        try:
-            self.publish(record)
-            self.emitted += 1
-        except Exception:  # noqa: BLE001 - the serving step must not fail because a sink did
-            self.errors += 1
-            log.exception("entroloop entropy tap: sink failed for request %s", chunk.request_id)

@@ -231,7 +231,9 @@ class BufferedShiftedEntropy:
         for row, token in zip(rows, tokens):
             if not 0 <= token < vocab:  # a flat index would read another row's value
                 raise IndexError(f"token {token} is outside the vocabulary (0..{vocab - 1})")
-            values.append((log2_sum[row] - z[row * vocab + token]) * LN_2)
+            # >= 0: the max's z is within an ulp of 0, not 0 (see entropy_per_row_shifted), so a token
+            # with p ~ 1 (a forced or very confident one) would otherwise read a hair below 0 nats
+            values.append(max(0.0, (log2_sum[row] - z[row * vocab + token]) * LN_2))
         return torch.tensor(values, dtype=torch.float32)
 
 
@@ -288,7 +290,7 @@ class KeptLogits:
             raise RuntimeError("surprisal needs a call before it")
         index = torch.tensor([list(rows), list(tokens)], dtype=torch.long).to(self._kept.device, non_blocking=True)
         picked = self._kept[index[0]].float()
-        return torch.logsumexp(picked, dim=-1) - picked.gather(1, index[1][:, None]).squeeze(1)
+        return (torch.logsumexp(picked, dim=-1) - picked.gather(1, index[1][:, None]).squeeze(1)).clamp_(min=0.0)
 
 
 # --- Triton ------------------------------------------------------------------------------------

@@ -304,3 +304,21 @@ def test_the_tap_asks_for_kept_logits_only_when_surprisals_are_on() -> None:
     plain(torch.randn(2, 10))
     with pytest.raises(RuntimeError, match="keep_for_surprisal"):
         plain.surprisal([0], [0])
+
+
+def test_a_forced_tokens_surprisal_is_never_below_zero() -> None:
+    """A token with p ~ 1 (logit_bias +100, or a very confident model): the base-2 shift leaves the
+    max's z within an ulp of 0, and half such surprisals read ~-1e-7 before they were clamped — which
+    TokenEntropy refuses (the acceptance test's engine stopped on it)."""
+    import torch
+    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(50):
+        logits = torch.randn(4, 5000, generator=gen) * 3
+        forced = int(torch.randint(0, 5000, (1,), generator=gen))
+        logits[:, forced] += 100 + trial * 0.37
+        entropy = BufferedShiftedEntropy(keep_for_surprisal=True)
+        assert (entropy(logits) >= 0).all()
+        surprisal = entropy.surprisal([0, 1, 2, 3], [forced] * 4)
+        assert (surprisal >= 0).all() and (surprisal < 1e-6).all(), (trial, surprisal)
