@@ -116,8 +116,13 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
         log.info("entroloop entropy tap: %s (%s interface)", "on" if self.enabled else "off", self.mode)
 
     def _timed(self, started: float) -> None:
-        """Append the time since ``started`` to the timings file (``entropy_tap_timings``)."""
-        os.write(self._timings, _SECONDS.pack(time.perf_counter() - started))  # type: ignore[arg-type]
+        """Append the time since ``started`` to the timings file (``entropy_tap_timings``); a failed
+        write (a full disk) stops the timing, never the serving step."""
+        try:
+            os.write(self._timings, _SECONDS.pack(time.perf_counter() - started))  # type: ignore[arg-type]
+        except OSError:
+            log.exception("entroloop entropy tap: cannot append to ENTROLOOP_ENTROPY_TAP_TIMINGS; timing stopped")
+            self._timings = None
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:

@@ -220,6 +220,12 @@ def test_the_tap_times_itself_into_the_timings_file_when_one_is_set(processor_en
     assert len(seconds) == 5  # two batch updates and three logits steps, in call order
     assert all(0 < s < 5 for s in seconds)
     assert [r.request_id for r in SHIPPED] == ["a"]
+    # a write that fails (a full disk; here the descriptor closed under it) stops the timing, not the step
+    import os
+
+    os.close(proc._timings)
+    proc.apply(torch.randn(1, 20_000))
+    assert proc._timings is None
 
 
 def test_an_unwritable_timings_file_is_a_config_error_naming_the_setting(processor_env, tmp_path, monkeypatch) -> None:
