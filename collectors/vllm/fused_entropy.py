@@ -402,16 +402,21 @@ def entropy_per_row_triton(logits: torch.Tensor, block: int = BLOCK) -> torch.Te
 
 
 # --- what the tap uses -------------------------------------------------------------------------
-def entropy_function(device: torch.device, keep_for_surprisal: bool = False) -> EntropyFn:
+def entropy_function(device: torch.device, keep_for_surprisal: bool = False, compiled: bool = True) -> EntropyFn:
     """The entropy reduction the tap runs on ``device``: the fused Triton kernel on CUDA (when Triton
-    is importable; the reference if the kernel fails there), the one-chunk torch form with kept
-    buffers on a CPU (the fastest of the measured CPU forms, `entroloop bench collector` times them
+    is importable; the reference if the kernel fails there); on a CPU the same algorithm compiled by
+    ``torch.compile`` (``compiled_entropy``), or with ``compiled=False`` the one-chunk torch form with
+    kept buffers (the fastest of the uncompiled CPU forms; `entroloop bench collector` times them all
     side by side).
 
     ``keep_for_surprisal``: the result also has ``surprisal(rows, tokens)`` for the last call's
-    logits (``BufferedShiftedEntropy`` keeps its shifted logits on a CPU; elsewhere ``KeptLogits``
-    keeps a copy)."""
+    logits (the CPU forms keep their shifted logits; elsewhere ``KeptLogits`` keeps a copy)."""
     if torch.device(device).type != "cuda":
+        if compiled:
+            # imported here: compiled_entropy builds on this module's constants and fallback
+            from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
+
+            return CompiledShiftedEntropy(keep_for_surprisal=keep_for_surprisal)
         return BufferedShiftedEntropy(keep_for_surprisal=keep_for_surprisal)
     fn = _device_entropy_function()
     return KeptLogits(fn) if keep_for_surprisal else fn

@@ -57,6 +57,7 @@ class EntropyTap:
         pin_memory: bool = False,
         chunk_tokens: int = 4096,
         surprisal: bool = True,
+        compiled: bool = True,
     ) -> None:
         self.emit = emit
         self.device = device
@@ -65,13 +66,19 @@ class EntropyTap:
         self.surprisal_transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
         self.sampling_transfer = HostTransfer(device, max_rows=max_rows, pin_memory=pin_memory)
         # fused on CUDA (entroloop.collectors.vllm.fused_entropy); keeps the step's logits for surprisals
-        self.entropy = entropy_function(device, keep_for_surprisal=surprisal)
+        self.entropy = entropy_function(device, keep_for_surprisal=surprisal, compiled=compiled)
         self.ships_surprisals = surprisal
         self.entropy_at_temperatures = TemperatureEntropy(device)
         self._pending: list | None = None  # last step's snapshot, whose tokens are not sampled yet
         self.steps = 0
 
     # --- called by the adapter ---------------------------------------------------------------
+    def warm_up(self, vocab: int) -> None:
+        """Prepare the reduction for ``vocab``-wide logits (compile it, on a CPU) before serving."""
+        warm_up = getattr(self.entropy, "warm_up", None)
+        if warm_up is not None:
+            warm_up(vocab)
+
     def on_batch_update(
         self, removed: Sequence[int], added: Sequence[AddedRow], moved: Sequence[MovedRow]
     ) -> None:

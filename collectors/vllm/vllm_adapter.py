@@ -111,7 +111,9 @@ class EntropyTapLogitsProcessor(*_BASES):  # type: ignore[misc]
                 pin_memory=bool(pin_memory),
                 chunk_tokens=settings.entropy_chunk_tokens,
                 surprisal=settings.entropy_tap_surprisal,
+                compiled=settings.entropy_tap_compiled,
             )
+            self.tap.warm_up(vllm_config.model_config.get_vocab_size())
         self._timings = _open_timings(settings.entropy_tap_timings) if self.enabled else None
         log.info("entroloop entropy tap: %s (%s interface)", "on" if self.enabled else "off", self.mode)
 

@@ -81,6 +81,7 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
     calls per run, repeated ``runs`` times."""
     import torch
 
+    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
     from entroloop.collectors.vllm.entropy import entropy_per_row
     from entroloop.collectors.vllm.fused_entropy import (
         BufferedShiftedEntropy,
@@ -99,6 +100,8 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
         candidates = {"reference": entropy_per_row, "fused_torch_one_chunk": entropy_per_row_shifted,
                       "fused_torch_one_chunk_buffered": BufferedShiftedEntropy(),
                       "fused_torch_chunked": entropy_per_row_chunked}
+        if device == "cpu":  # the same algorithm as one loop nest (torch.compile), z kept in float16
+            candidates["fused_torch_compiled"] = CompiledShiftedEntropy(keep_for_surprisal=True)
         if device == "cuda" and triton_available():
             candidates["fused_triton"] = entropy_per_row_triton
         # the tap's whole step (reduction, ledger, hand-off to the host), without and with the

@@ -183,7 +183,7 @@ def _noise_note(ratio) -> str:
 
 
 def _tap_choice(device: str) -> str:
-    return {"cpu": "fused_torch_one_chunk_buffered", "cuda": "fused_triton"}[device]
+    return {"cpu": "fused_torch_compiled", "cuda": "fused_triton"}[device]
 
 
 def bench_passes() -> int:

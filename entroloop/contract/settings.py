@@ -502,7 +502,13 @@ class Settings(BaseSettings):
         description="Also ship each sampled token's surprisal (-log p before temperature), which the "
         "gibberish detector needs on real models: high-temperature text is told by its tokens' "
         "surprisal, not by the entropy. Costs a kept copy of one step's logits rows (on a CPU the "
-        "shifted logits the reduction writes anyway: rows x vocab x 4 bytes); false drops it.",
+        "shifted logits the reduction writes anyway: rows x vocab x 2 bytes, 4 uncompiled); false drops it.",
+    )
+    entropy_tap_compiled: bool = Field(
+        True,
+        description="On a CPU, run the tap's reduction as one loop nest compiled by torch.compile "
+        "(needs a C++ compiler, as vLLM's CPU build does; compiled at engine start, cached on disk; "
+        "if compiling fails the tap logs why and uses the torch-op form). False: the torch-op form.",
     )
     entropy_tap_timings: str = Field(
         "",

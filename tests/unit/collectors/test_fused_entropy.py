@@ -87,6 +87,17 @@ def test_torch_forms_agree_with_the_reference(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CASES)
+def test_the_compiled_cpu_form_agrees_with_the_reference(name: str) -> None:
+    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
+
+    logits = cases()[name]
+    for keep in (False, True):
+        compiled = CompiledShiftedEntropy(keep_for_surprisal=keep)
+        assert_agrees(compiled(logits), logits, f"compiled, keep_for_surprisal={keep}, {name}")
+        assert compiled.fallback is None, "it must have run compiled, not fallen back"
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_the_chunked_form_at_a_sampling_temperature_agrees_with_the_reference_of_scaled_logits(name: str) -> None:
     """What the tap ships as sampling entropy: chosen rows, each at its own temperature."""
     import torch
@@ -146,11 +157,14 @@ def test_the_logits_are_left_unchanged() -> None:
         entropy_per_row_shifted,
     )
 
+    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
+
     logits = torch.randn(3, 10_000)
     logits[0, :10] = -math.inf
     before = logits.clone()
     entropy_per_row_shifted(logits)
     entropy_per_row_chunked(logits, chunk=1000)
+    CompiledShiftedEntropy(keep_for_surprisal=True)(logits)
     assert torch.equal(logits, before)
 
 
@@ -191,17 +205,21 @@ def test_the_triton_kernel_agrees_with_the_reference_under_the_interpreter(tmp_p
         assert_agrees(small_block, all_cases[name], f"triton block 256, {name}")
 
 
-def test_the_tap_uses_the_one_chunk_form_on_a_cpu_and_the_kernel_on_cuda(monkeypatch) -> None:
+def test_the_tap_uses_the_compiled_form_on_a_cpu_and_the_kernel_on_cuda(monkeypatch) -> None:
     import torch
     from entroloop.collectors.vllm import fused_entropy
+    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
     from entroloop.collectors.vllm.fused_entropy import (
         BufferedShiftedEntropy,
         entropy_function,
     )
     from entroloop.collectors.vllm.tap import EntropyTap
 
-    assert isinstance(entropy_function(torch.device("cpu")), BufferedShiftedEntropy)
-    assert isinstance(EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy, BufferedShiftedEntropy)
+    assert isinstance(entropy_function(torch.device("cpu")), CompiledShiftedEntropy)
+    assert isinstance(entropy_function(torch.device("cpu"), compiled=False), BufferedShiftedEntropy)
+    assert isinstance(EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy, CompiledShiftedEntropy)
+    uncompiled = EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4, compiled=False)
+    assert isinstance(uncompiled.entropy, BufferedShiftedEntropy)
     monkeypatch.setattr(fused_entropy, "triton_available", lambda: False)
     assert entropy_function(torch.device("cuda")) is fused_entropy.entropy_per_row
 
@@ -226,6 +244,30 @@ def test_a_failing_kernel_falls_back_to_the_reference_for_good(monkeypatch) -> N
     assert calls == [1]  # tried once, then the reference from then on
 
 
+def test_a_compiled_form_that_cannot_compile_falls_back_to_the_torch_ops_for_good(caplog) -> None:
+    """No C++ compiler on the node, an Inductor bug: logged once, the torch-op form from then on,
+    surprisals included (read from the form that ran the last call)."""
+    import torch
+    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
+    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy
+
+    calls: list[int] = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    fn = CompiledShiftedEntropy(keep_for_surprisal=True)
+    fn._kernel = broken
+    logits = torch.randn(4, 3000) * 5
+    for _ in range(3):
+        assert_agrees(fn(logits), logits, "fallback")
+    assert calls == [1] and isinstance(fn.fallback, BufferedShiftedEntropy)
+    assert "compiled CPU reduction failed" in caplog.text
+    expected = reference_surprisal(logits, [2, 0], [7, 11])
+    assert torch.allclose(fn.surprisal([2, 0], [7, 11]).double(), expected, atol=1e-4)
+
+
 def test_the_cpu_tap_keeps_its_buffers_between_steps_and_any_batch_size_fits() -> None:
     import torch
     from entroloop.collectors.vllm.entropy import entropy_per_row
@@ -234,7 +276,7 @@ def test_the_cpu_tap_keeps_its_buffers_between_steps_and_any_batch_size_fits() -
         entropy_function,
     )
 
-    entropy = entropy_function(torch.device("cpu"))
+    entropy = entropy_function(torch.device("cpu"), compiled=False)
     assert isinstance(entropy, BufferedShiftedEntropy)
     gen = torch.Generator().manual_seed(3)
     first = entropy(torch.randn(5, 3000, generator=gen) * 20)
@@ -250,6 +292,27 @@ def test_the_cpu_tap_keeps_its_buffers_between_steps_and_any_batch_size_fits() -
     assert entropy._z.shape == (8, 4096)
 
 
+def test_the_compiled_form_keeps_its_float16_shifts_between_steps_and_grows_for_a_larger_batch() -> None:
+    import torch
+    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
+    from entroloop.collectors.vllm.entropy import entropy_per_row
+
+    entropy = CompiledShiftedEntropy(keep_for_surprisal=True)
+    gen = torch.Generator().manual_seed(3)
+    entropy(torch.randn(5, 3000, generator=gen) * 20)
+    kept = entropy._z.data_ptr()
+    assert entropy._z.shape == (8, 3000) and entropy._z.dtype == torch.float16
+    for rows in (1, 8, 0):
+        logits = torch.randn(rows, 3000, generator=gen) * 20
+        assert torch.allclose(entropy(logits), entropy_per_row(logits), atol=1e-4)
+        assert entropy._z.data_ptr() == kept  # no new [rows, vocab] memory
+    logits = torch.randn(19, 3000, generator=gen) * 20
+    assert torch.allclose(entropy(logits), entropy_per_row(logits), atol=1e-4)
+    assert entropy._z.shape == (19, 3000)  # grown to the larger batch, then kept
+    with pytest.raises(IndexError, match="outside the vocabulary"):
+        entropy.surprisal([0], [3000])
+
+
 def reference_surprisal(logits, rows, tokens):
     """-log_softmax in float64 at (rows[i], tokens[i])."""
     import torch
@@ -258,15 +321,29 @@ def reference_surprisal(logits, rows, tokens):
     return -logp[torch.as_tensor(rows), torch.as_tensor(tokens)]
 
 
-@pytest.mark.parametrize("form", ["cpu-kept-shifted", "kept-logits"])
+def kept_form(form: str):
+    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
+    from entroloop.collectors.vllm.entropy import entropy_per_row
+    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy, KeptLogits
+
+    return {"cpu-kept-shifted": lambda: BufferedShiftedEntropy(keep_for_surprisal=True),
+            "cpu-compiled": lambda: CompiledShiftedEntropy(keep_for_surprisal=True),
+            "kept-logits": lambda: KeptLogits(entropy_per_row)}[form]()
+
+
+# The compiled form keeps its shifted logits in float16: a surprisal may be off by its own relative
+# float16 rounding (2^-11), which the wire format (float16) rounds it to anyway
+FLOAT16_RELATIVE = 2.0**-11
+
+
+@pytest.mark.parametrize("form", ["cpu-kept-shifted", "cpu-compiled", "kept-logits"])
 def test_kept_forms_give_the_last_steps_surprisals_and_the_same_entropies(form: str) -> None:
     """What the tap gathers one step late: -log p(token) of the last call's rows, for rows in any
     block, at every scale, with masked tokens; the entropies are those of the plain forms."""
     import torch
     from entroloop.collectors.vllm.entropy import entropy_per_row
-    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy, KeptLogits
 
-    fn = BufferedShiftedEntropy(keep_for_surprisal=True) if form == "cpu-kept-shifted" else KeptLogits(entropy_per_row)
+    fn = kept_form(form)
     gen = torch.Generator().manual_seed(5)
     for rows, scale in ((19, 1.0), (3, 30.0), (12, 4.0)):  # several blocks, fewer rows, then more again
         logits = torch.randn(rows, 5001, generator=gen) * scale
@@ -285,7 +362,8 @@ def test_kept_forms_give_the_last_steps_surprisals_and_the_same_entropies(form: 
         # A token more than 87 nats below the top is floored by the CPU form (never sampled: p < e^-87)
         sampleable = expected < 80
         assert sampleable.sum() >= 2, "the case must hold tokens a sampler could pick"
-        error = (surprisal.double() - expected)[sampleable].abs().max().item()
+        relative = FLOAT16_RELATIVE if form == "cpu-compiled" else 0.0
+        error = ((surprisal.double() - expected).abs() - relative * expected)[sampleable].max().item()
         assert error < 1e-4 * max(1.0, scale), (form, rows, scale, error)
         assert (surprisal[~sampleable] >= 80).all()
     # a token masked to -inf: the CPU form floors it (~87 nats or more), the copy gives inf
@@ -295,15 +373,17 @@ def test_kept_forms_give_the_last_steps_surprisals_and_the_same_entropies(form: 
 
 def test_the_tap_asks_for_kept_logits_only_when_surprisals_are_on() -> None:
     import torch
+    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
     from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy, entropy_function
 
-    kept = entropy_function(torch.device("cpu"), keep_for_surprisal=True)
-    plain = entropy_function(torch.device("cpu"))
-    assert isinstance(kept, BufferedShiftedEntropy) and kept.keep_for_surprisal
-    assert not plain.keep_for_surprisal
-    plain(torch.randn(2, 10))
-    with pytest.raises(RuntimeError, match="keep_for_surprisal"):
-        plain.surprisal([0], [0])
+    for compiled, form in ((True, CompiledShiftedEntropy), (False, BufferedShiftedEntropy)):
+        kept = entropy_function(torch.device("cpu"), keep_for_surprisal=True, compiled=compiled)
+        plain = entropy_function(torch.device("cpu"), compiled=compiled)
+        assert isinstance(kept, form) and kept.keep_for_surprisal
+        assert isinstance(plain, form) and not plain.keep_for_surprisal
+        plain(torch.randn(2, 10))
+        with pytest.raises(RuntimeError, match="keep_for_surprisal"):
+            plain.surprisal([0], [0])
 
 
 def test_a_forced_tokens_surprisal_is_never_below_zero() -> None:
@@ -311,14 +391,14 @@ def test_a_forced_tokens_surprisal_is_never_below_zero() -> None:
     max's z within an ulp of 0, and half such surprisals read ~-1e-7 before they were clamped — which
     TokenEntropy refuses (the acceptance test's engine stopped on it)."""
     import torch
-    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy
 
     gen = torch.Generator().manual_seed(0)
-    for trial in range(50):
-        logits = torch.randn(4, 5000, generator=gen) * 3
-        forced = int(torch.randint(0, 5000, (1,), generator=gen))
-        logits[:, forced] += 100 + trial * 0.37
-        entropy = BufferedShiftedEntropy(keep_for_surprisal=True)
-        assert (entropy(logits) >= 0).all()
-        surprisal = entropy.surprisal([0, 1, 2, 3], [forced] * 4)
-        assert (surprisal >= 0).all() and (surprisal < 1e-6).all(), (trial, surprisal)
+    for form in ("cpu-kept-shifted", "cpu-compiled"):
+        entropy = kept_form(form)
+        for trial in range(50):
+            logits = torch.randn(4, 5000, generator=gen) * 3
+            forced = int(torch.randint(0, 5000, (1,), generator=gen))
+            logits[:, forced] += 100 + trial * 0.37
+            assert (entropy(logits) >= 0).all()
+            surprisal = entropy.surprisal([0, 1, 2, 3], [forced] * 4)
+            assert (surprisal >= 0).all() and (surprisal < 1e-6).all(), (form, trial, surprisal)

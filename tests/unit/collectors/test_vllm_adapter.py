@@ -31,7 +31,7 @@ def ship(record) -> None:
 
 def fake_vllm_config(max_num_seqs: int = 8):
     return SimpleNamespace(
-        model_config=SimpleNamespace(served_model_name="tiny", model="/models/tiny"),
+        model_config=SimpleNamespace(served_model_name="tiny", model="/models/tiny", get_vocab_size=lambda: 500),
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
     )
 
@@ -60,6 +60,8 @@ def test_v1_interface_tracks_rows_and_returns_logits_unchanged(processor_env) ->
 
     proc = EntropyTapLogitsProcessor(fake_vllm_config(), torch.device("cpu"), False)
     assert proc.mode == "v1" and proc.is_argmax_invariant() is False
+    # compiled at engine start (warm_up for the model's vocabulary), not in the first serving step
+    assert proc.tap.entropy.fallback is None and proc.tap.entropy._z.shape[1] == 500
     gen = torch.Generator().manual_seed(0)
     outputs = {"a": [], "b": [], "c": []}
     expected: dict[str, list[float]] = {k: [] for k in outputs}
