@@ -25,7 +25,12 @@ import logging
 from collections.abc import Sequence
 
 import torch
-from entroloop.collectors.vllm.fused_entropy import LN_2, LOG2_E, MASK_FLOOR, BufferedShiftedEntropy
+from entroloop.collectors.vllm.fused_entropy import (
+    LN_2,
+    LOG2_E,
+    MASK_FLOOR,
+    BufferedShiftedEntropy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +89,7 @@ class CompiledShiftedEntropy:
         if self.fallback is None:
             try:
                 return self._compiled(logits)
-            except Exception:  # noqa: BLE001 - no C++ compiler, an Inductor bug: never the engine's failure
+            except Exception:  # no C++ compiler, an Inductor bug: never the engine's failure
                 log.exception("entroloop entropy tap: the compiled CPU reduction failed; using the torch-op form "
                               "from now on")
                 self.fallback = BufferedShiftedEntropy(keep_for_surprisal=self.keep_for_surprisal)

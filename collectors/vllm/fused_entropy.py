@@ -414,7 +414,9 @@ def entropy_function(device: torch.device, keep_for_surprisal: bool = False, com
     if torch.device(device).type != "cuda":
         if compiled:
             # imported here: compiled_entropy builds on this module's constants and fallback
-            from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
+            from entroloop.collectors.vllm.compiled_entropy import (
+                CompiledShiftedEntropy,
+            )
 
             return CompiledShiftedEntropy(keep_for_surprisal=keep_for_surprisal)
         return BufferedShiftedEntropy(keep_for_surprisal=keep_for_surprisal)

@@ -152,12 +152,11 @@ def test_a_single_remaining_token_gives_exactly_zero() -> None:
 
 def test_the_logits_are_left_unchanged() -> None:
     import torch
+    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
     from entroloop.collectors.vllm.fused_entropy import (
         entropy_per_row_chunked,
         entropy_per_row_shifted,
     )
-
-    from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
 
     logits = torch.randn(3, 10_000)
     logits[0, :10] = -math.inf
@@ -324,7 +323,10 @@ def reference_surprisal(logits, rows, tokens):
 def kept_form(form: str):
     from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
     from entroloop.collectors.vllm.entropy import entropy_per_row
-    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy, KeptLogits
+    from entroloop.collectors.vllm.fused_entropy import (
+        BufferedShiftedEntropy,
+        KeptLogits,
+    )
 
     return {"cpu-kept-shifted": lambda: BufferedShiftedEntropy(keep_for_surprisal=True),
             "cpu-compiled": lambda: CompiledShiftedEntropy(keep_for_surprisal=True),
@@ -374,7 +376,10 @@ def test_kept_forms_give_the_last_steps_surprisals_and_the_same_entropies(form: 
 def test_the_tap_asks_for_kept_logits_only_when_surprisals_are_on() -> None:
     import torch
     from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
-    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy, entropy_function
+    from entroloop.collectors.vllm.fused_entropy import (
+        BufferedShiftedEntropy,
+        entropy_function,
+    )
 
     for compiled, form in ((True, CompiledShiftedEntropy), (False, BufferedShiftedEntropy)):
         kept = entropy_function(torch.device("cpu"), keep_for_surprisal=True, compiled=compiled)
