@@ -21,8 +21,9 @@ fails, the tap logs why once and runs the torch-op form (``BufferedShiftedEntrop
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from entroloop.collectors.vllm.fused_entropy import (
@@ -59,6 +60,15 @@ def _entropy_only(logits: torch.Tensor) -> torch.Tensor:
     return _entropy_and_log2_sum(logits)[0]
 
 
+@functools.cache
+def _kernel(keep_for_surprisal: bool) -> Callable:
+    """One compiled function per form for the whole process: every ``torch.compile`` wrapper would
+    compile the same code again, and after a few dozen such recompiles torch runs it uncompiled.
+    Dynamic shapes: one kernel for every batch size (and one for a single row, which torch
+    specialises); several seconds the first time, then from Inductor's on-disk cache."""
+    return torch.compile(_into_kept if keep_for_surprisal else _entropy_only, dynamic=True)
+
+
 class CompiledShiftedEntropy:
     """The tap's entropy reduction on a CPU: compiled on first use (or ``warm_up``), with the
     float16 shifted logits of the last call kept for ``surprisal`` when ``keep_for_surprisal``.
@@ -68,9 +78,7 @@ class CompiledShiftedEntropy:
 
     def __init__(self, keep_for_surprisal: bool = False) -> None:
         self.keep_for_surprisal = keep_for_surprisal
-        # dynamic: one compiled kernel for every batch size (and a second for a single row, which
-        # torch specialises); several seconds the first time, then from Inductor's on-disk cache
-        self._kernel = torch.compile(_into_kept if keep_for_surprisal else _entropy_only, dynamic=True)
+        self._kernel = _kernel(keep_for_surprisal)
         self.fallback: BufferedShiftedEntropy | None = None
         self._z: torch.Tensor | None = None
         self._z_host = None  # numpy view of _z: a handful of reads per step without torch dispatch
