@@ -267,11 +267,13 @@ class _TapSeconds:
     def read(self) -> float:
         total = 0.0
         for path in sorted(self.folder.glob("tap-seconds-*.bin")):
-            data = path.read_bytes()
             start = self.offsets.get(path, 0)
-            end = start + (len(data) - start) // 8 * 8  # a write in progress is read next time
-            total += sum(value for (value,) in struct.iter_unpack("<d", data[start:end]))
-            self.offsets[path] = end
+            with path.open("rb") as timings:
+                timings.seek(start)  # only what was appended since the last read
+                data = timings.read()
+            whole = len(data) // 8 * 8  # a write in progress is read next time
+            total += sum(value for (value,) in struct.iter_unpack("<d", data[:whole]))
+            self.offsets[path] = start + whole
         return total
 
 

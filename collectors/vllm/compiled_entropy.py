@@ -31,6 +31,7 @@ from entroloop.collectors.vllm.fused_entropy import (
     LOG2_E,
     MASK_FLOOR,
     BufferedShiftedEntropy,
+    surprisals_from_shifts,
 )
 
 log = logging.getLogger(__name__)
@@ -123,10 +124,4 @@ class CompiledShiftedEntropy:
             return self.fallback.surprisal(rows, tokens)
         if not self.keep_for_surprisal or self._z_host is None:
             raise RuntimeError("surprisal needs keep_for_surprisal=True and a call before it")
-        z, log2_sum, vocab = self._z_host, self._log2_sum, self._z_host.shape[1]
-        values = []
-        for row, token in zip(rows, tokens):
-            if not 0 <= token < vocab:
-                raise IndexError(f"token {token} is outside the vocabulary (0..{vocab - 1})")
-            values.append(max(0.0, (log2_sum[row] - z.item(row, token)) * LN_2))
-        return torch.tensor(values, dtype=torch.float32)
+        return surprisals_from_shifts(rows, tokens, self._z_host.shape[1], self._z_host.item, self._log2_sum)

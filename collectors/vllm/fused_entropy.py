@@ -226,15 +226,23 @@ class BufferedShiftedEntropy:
         are cold after the forward pass, and each torch or numpy op dispatched pays for that)."""
         if not self.keep_for_surprisal or self._z is None or self._log2_sum is None:
             raise RuntimeError("surprisal needs keep_for_surprisal=True and a call before it")
-        z, log2_sum, vocab = self._z_flat, self._log2_sum_flat, self._z.shape[1]
-        values = []
-        for row, token in zip(rows, tokens):
-            if not 0 <= token < vocab:  # a flat index would read another row's value
-                raise IndexError(f"token {token} is outside the vocabulary (0..{vocab - 1})")
-            # >= 0: the max's z is within an ulp of 0, not 0 (see entropy_per_row_shifted), so a token
-            # with p ~ 1 (a forced or very confident one) would otherwise read a hair below 0 nats
-            values.append(max(0.0, (log2_sum[row] - z[row * vocab + token]) * LN_2))
-        return torch.tensor(values, dtype=torch.float32)
+        z, vocab = self._z_flat, self._z.shape[1]
+        return surprisals_from_shifts(rows, tokens, vocab, lambda row, token: z[row * vocab + token],
+                                      self._log2_sum_flat)
+
+
+def surprisals_from_shifts(rows: Sequence[int], tokens: Sequence[int], vocab: int,
+                           z_at: Callable[[int, int], float], log2_sum: Sequence[float]) -> torch.Tensor:
+    """``ln(2)·(log2_sum[row] - z[row, token])`` nats for each (row, token), as float32: the surprisals
+    from a CPU form's kept base-2 shifts, read one value at a time (``z_at``) on the host."""
+    values = []
+    for row, token in zip(rows, tokens):
+        if not 0 <= token < vocab:  # a flat index would read another row's value
+            raise IndexError(f"token {token} is outside the vocabulary (0..{vocab - 1})")
+        # >= 0: the max's z may sit within an ulp of 0, not at 0 (see entropy_per_row_shifted), so a
+        # token with p ~ 1 (a forced or very confident one) would otherwise read a hair below 0 nats
+        values.append(max(0.0, (log2_sum[row] - z_at(row, token)) * LN_2))
+    return torch.tensor(values, dtype=torch.float32)
 
 
 class TemperatureEntropy:

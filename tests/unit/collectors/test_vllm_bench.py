@@ -228,3 +228,21 @@ def test_the_in_engine_figures_leave_out_the_forward_passs_wander() -> None:
     assert overhead == pytest.approx(200.0)  # 20 ms over 100 steps
     assert ratio == pytest.approx(1.0 / 1.02)
     assert bench.in_engine({**plain, "tap_seconds": [None] * 3}, tap, steps=100) is None  # an untimed engine
+
+
+def test_the_tap_seconds_are_read_pass_by_pass_and_a_write_in_progress_waits(tmp_path: Path) -> None:
+    """What the tap appended since the last read, per engine process file; a half-written value is
+    left for the next read, never misread."""
+    import struct
+
+    reader = bench._TapSeconds(tmp_path)
+    first, second = tmp_path / "tap-seconds-1.bin", tmp_path / "tap-seconds-2.bin"
+    first.write_bytes(struct.pack("<2d", 0.25, 0.5))
+    second.write_bytes(struct.pack("<d", 1.0) + struct.pack("<d", 2.0)[:3])
+    assert reader.read() == pytest.approx(1.75)
+    with first.open("ab") as f:
+        f.write(struct.pack("<d", 4.0))
+    with second.open("ab") as f:
+        f.write(struct.pack("<d", 2.0)[3:])
+    assert reader.read() == pytest.approx(6.0)
+    assert reader.read() == 0.0
