@@ -17,12 +17,19 @@ the float32 values, never from the rounded ``z``.
 
 Compiling needs a C++ compiler, as vLLM's CPU build does for its own ``torch.compile``; where it
 fails, the tap logs why once and runs the torch-op form (``BufferedShiftedEntropy``) instead.
+
+The compiled kernels are shared libraries that Inductor caches on disk and loads into the engine:
+whoever can write to that folder can run code in the engine. Torch does not check who owns it, so
+the tap does (``unsafe_cache_reason``) and runs the torch-op form, saying why, when the folder is
+someone else's or writable by others (a ``/tmp/torchinductor_<user>`` made first by another user).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import stat
 from collections.abc import Callable, Sequence
 
 import torch
@@ -70,6 +77,23 @@ def _kernel(keep_for_surprisal: bool) -> Callable:
     return torch.compile(_into_kept if keep_for_surprisal else _entropy_only, dynamic=True)
 
 
+def unsafe_cache_reason(folder: str) -> str | None:
+    """Why Inductor's cache ``folder`` may hold code this process must not load, or None when only
+    this user can write to it."""
+    info = os.stat(folder)
+    if info.st_uid != os.getuid():
+        return f"{folder} belongs to uid {info.st_uid}, not to this process's user ({os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{folder} is writable by other users (mode {stat.filemode(info.st_mode)})"
+    return None
+
+
+def _inductor_cache_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()  # TORCHINDUCTOR_CACHE_DIR, else <tmp>/torchinductor_<user>; made if missing
+
+
 class CompiledShiftedEntropy:
     """The tap's entropy reduction on a CPU: compiled on first use (or ``warm_up``), with the
     float16 shifted logits of the last call kept for ``surprisal`` when ``keep_for_surprisal``.
@@ -81,6 +105,12 @@ class CompiledShiftedEntropy:
         self.keep_for_surprisal = keep_for_surprisal
         self._kernel = _kernel(keep_for_surprisal)
         self.fallback: BufferedShiftedEntropy | None = None
+        unsafe = unsafe_cache_reason(_inductor_cache_dir())
+        if unsafe:
+            log.error("entroloop entropy tap: not loading compiled kernels: %s. Set TORCHINDUCTOR_CACHE_DIR to a "
+                      "folder only this user can write (or ENTROLOOP_ENTROPY_TAP_COMPILED=false); using the "
+                      "torch-op form", unsafe)
+            self.fallback = BufferedShiftedEntropy(keep_for_surprisal=keep_for_surprisal)
         self._z: torch.Tensor | None = None
         self._z_host = None  # numpy view of _z: a handful of reads per step without torch dispatch
         self._log2_sum: list[float] = []

@@ -267,6 +267,36 @@ def test_a_compiled_form_that_cannot_compile_falls_back_to_the_torch_ops_for_goo
     assert torch.allclose(fn.surprisal([2, 0], [7, 11]).double(), expected, atol=1e-4)
 
 
+def test_compiled_kernels_are_not_loaded_from_a_cache_others_can_write(tmp_path, monkeypatch, caplog) -> None:
+    """Inductor loads its cached shared libraries into the engine: a cache folder another user made
+    (or may write to) would let them run code there. The tap refuses it, says how to fix it, and
+    still measures with the torch-op form."""
+    import torch
+    from entroloop.collectors.vllm import compiled_entropy
+    from entroloop.collectors.vllm.compiled_entropy import (
+        CompiledShiftedEntropy,
+        unsafe_cache_reason,
+    )
+    from entroloop.collectors.vllm.fused_entropy import BufferedShiftedEntropy
+
+    shared = tmp_path / "torchinductor_shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert "writable by other users" in unsafe_cache_reason(str(shared))
+    monkeypatch.setattr(compiled_entropy, "_inductor_cache_dir", lambda: str(shared))
+    fn = CompiledShiftedEntropy(keep_for_surprisal=True)
+    assert isinstance(fn.fallback, BufferedShiftedEntropy)
+    assert "TORCHINDUCTOR_CACHE_DIR" in caplog.text and "writable by other users" in caplog.text
+    logits = torch.randn(3, 2000) * 4
+    assert_agrees(fn(logits), logits, "torch-op form behind a refused cache")
+    assert torch.allclose(fn.surprisal([1], [5]).double(), reference_surprisal(logits, [1], [5]), atol=1e-4)
+
+    shared.chmod(0o700)  # this user's alone: compiled
+    assert unsafe_cache_reason(str(shared)) is None
+    monkeypatch.setattr(compiled_entropy.os, "getuid", lambda: 12345)  # ... unless someone else owns it
+    assert "belongs to uid" in unsafe_cache_reason(str(shared))
+
+
 def test_the_cpu_tap_keeps_its_buffers_between_steps_and_any_batch_size_fits() -> None:
     import torch
     from entroloop.collectors.vllm.entropy import entropy_per_row
