@@ -412,8 +412,10 @@ def entropy_per_row_triton(logits: torch.Tensor, block: int = BLOCK) -> torch.Te
 # --- what the tap uses -------------------------------------------------------------------------
 def entropy_function(device: torch.device, keep_for_surprisal: bool = False, compiled: bool = True) -> EntropyFn:
     """The entropy reduction the tap runs on ``device``: the fused Triton kernel on CUDA (when Triton
-    is importable; the reference if the kernel fails there); on a CPU the same algorithm compiled by
-    ``torch.compile`` (``compiled_entropy``), or with ``compiled=False`` the one-chunk torch form with
+    is importable; the reference if the kernel fails there); on a CPU the same algorithm as a C++
+    kernel built on the node (``native_entropy``) when torch runs one thread, as vLLM's CPU engine
+    does on small hosts, else compiled by ``torch.compile`` (``compiled_entropy``; it splits rows
+    across threads), or with ``compiled=False`` the one-chunk torch form with
     kept buffers (the fastest of the uncompiled CPU forms; `entroloop bench collector` times them all
     side by side).
 
@@ -421,7 +423,13 @@ def entropy_function(device: torch.device, keep_for_surprisal: bool = False, com
     logits (the CPU forms keep their shifted logits; elsewhere ``KeptLogits`` keeps a copy)."""
     if torch.device(device).type != "cuda":
         if compiled:
-            # imported here: compiled_entropy builds on this module's constants and fallback
+            # imported here: both build on this module's constants and fallback
+            if torch.get_num_threads() == 1:
+                from entroloop.collectors.vllm.native_entropy import (
+                    NativeShiftedEntropy,
+                )
+
+                return NativeShiftedEntropy(keep_for_surprisal=keep_for_surprisal)
             from entroloop.collectors.vllm.compiled_entropy import (
                 CompiledShiftedEntropy,
             )

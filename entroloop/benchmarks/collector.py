@@ -77,7 +77,7 @@ def tap_step(device: Any, rows: int, vocab: int, surprisal: bool,
 
 def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: int = 30) -> dict:
     """µs per call of each entropy reduction on ``[rows, vocab]`` float32 logits, on this machine's
-    CPU and, when CUDA is available, on the GPU (the fused Triton kernel there). Median of ``calls``
+    CPU (one torch thread) and, when CUDA is available, on the GPU (the fused Triton kernel there). Median of ``calls``
     calls per run, repeated ``runs`` times."""
     import torch
 
@@ -90,6 +90,7 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
         entropy_per_row_triton,
         triton_available,
     )
+    from entroloop.collectors.vllm.native_entropy import NativeShiftedEntropy
 
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     timings: dict = {}
@@ -100,8 +101,9 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
         candidates = {"reference": entropy_per_row, "fused_torch_one_chunk": entropy_per_row_shifted,
                       "fused_torch_one_chunk_buffered": BufferedShiftedEntropy(),
                       "fused_torch_chunked": entropy_per_row_chunked}
-        if device == "cpu":  # the same algorithm as one loop nest (torch.compile), z kept in float16
+        if device == "cpu":  # the same algorithm as one loop nest (torch.compile) and as the C++ kernel
             candidates["fused_torch_compiled"] = CompiledShiftedEntropy(keep_for_surprisal=True)
+            candidates["fused_native"] = NativeShiftedEntropy(keep_for_surprisal=True)
         if device == "cuda" and triton_available():
             candidates["fused_triton"] = entropy_per_row_triton
         # the tap's whole step (reduction, ledger, hand-off to the host), without and with the
@@ -126,5 +128,11 @@ def reduction_timings(rows: int, vocab: int, runs: int = DEFAULT_RUNS, calls: in
                     samples.append((time.perf_counter() - start) * 1e6)
                 return statistics.median(samples)
 
-            timings[f"{device}:{name}"] = repeat(measure, runs)
+            threads = torch.get_num_threads()
+            if device == "cpu":
+                torch.set_num_threads(1)  # as vLLM's CPU engine runs the tap on a small host
+            try:
+                timings[f"{device}:{name}"] = repeat(measure, runs)
+            finally:
+                torch.set_num_threads(threads)
     return timings

@@ -506,9 +506,10 @@ class Settings(BaseSettings):
     )
     entropy_tap_compiled: bool = Field(
         True,
-        description="On a CPU, run the tap's reduction as one loop nest compiled by torch.compile "
-        "(needs a C++ compiler, as vLLM's CPU build does; compiled at engine start, cached on disk; "
-        "if compiling fails the tap logs why and uses the torch-op form). False: the torch-op form.",
+        description="On a CPU, build the tap's reduction at engine start (needs a C++ compiler, as vLLM's "
+        "CPU build does; cached on disk in a folder only this user can write): a hand-written C++ kernel "
+        "when torch runs one thread, else one loop nest compiled by torch.compile, which splits rows "
+        "across threads. If building fails the tap logs why and uses the next form. False: the torch-op form.",
     )
     entropy_tap_timings: str = Field(
         "",

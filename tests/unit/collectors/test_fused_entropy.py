@@ -98,6 +98,19 @@ def test_the_compiled_cpu_form_agrees_with_the_reference(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CASES)
+def test_the_native_cpu_form_agrees_with_the_reference(name: str) -> None:
+    from entroloop.collectors.vllm.native_entropy import NativeShiftedEntropy
+
+    logits = cases()[name]
+    for keep in (False, True):
+        native = NativeShiftedEntropy(keep_for_surprisal=keep)
+        assert_agrees(native(logits), logits, f"native, keep_for_surprisal={keep}, {name}")
+        assert native.fallback is None, "it must have run the kernel, not fallen back"
+    column_slice = logits.t().contiguous().t()  # rows not contiguous: copied, not misread
+    assert_agrees(NativeShiftedEntropy()(column_slice), logits, f"native, column-major, {name}")
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_the_chunked_form_at_a_sampling_temperature_agrees_with_the_reference_of_scaled_logits(name: str) -> None:
     """What the tap ships as sampling entropy: chosen rows, each at its own temperature."""
     import torch
@@ -204,7 +217,7 @@ def test_the_triton_kernel_agrees_with_the_reference_under_the_interpreter(tmp_p
         assert_agrees(small_block, all_cases[name], f"triton block 256, {name}")
 
 
-def test_the_tap_uses_the_compiled_form_on_a_cpu_and_the_kernel_on_cuda(monkeypatch) -> None:
+def test_the_tap_uses_a_built_kernel_on_a_cpu_and_the_triton_kernel_on_cuda(monkeypatch) -> None:
     import torch
     from entroloop.collectors.vllm import fused_entropy
     from entroloop.collectors.vllm.compiled_entropy import CompiledShiftedEntropy
@@ -212,11 +225,20 @@ def test_the_tap_uses_the_compiled_form_on_a_cpu_and_the_kernel_on_cuda(monkeypa
         BufferedShiftedEntropy,
         entropy_function,
     )
+    from entroloop.collectors.vllm.native_entropy import NativeShiftedEntropy
     from entroloop.collectors.vllm.tap import EntropyTap
 
-    assert isinstance(entropy_function(torch.device("cpu")), CompiledShiftedEntropy)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # as vLLM's CPU engine runs on a small host: the native kernel
+        assert isinstance(entropy_function(torch.device("cpu")), NativeShiftedEntropy)
+        assert isinstance(EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy, NativeShiftedEntropy)
+        torch.set_num_threads(2)  # several threads: the compiled form, which splits rows across them
+        assert isinstance(entropy_function(torch.device("cpu")), CompiledShiftedEntropy)
+        assert isinstance(EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy, CompiledShiftedEntropy)
+    finally:
+        torch.set_num_threads(threads)
     assert isinstance(entropy_function(torch.device("cpu"), compiled=False), BufferedShiftedEntropy)
-    assert isinstance(EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy, CompiledShiftedEntropy)
     uncompiled = EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4, compiled=False)
     assert isinstance(uncompiled.entropy, BufferedShiftedEntropy)
     monkeypatch.setattr(fused_entropy, "triton_available", lambda: False)
@@ -357,18 +379,20 @@ def kept_form(form: str):
         BufferedShiftedEntropy,
         KeptLogits,
     )
+    from entroloop.collectors.vllm.native_entropy import NativeShiftedEntropy
 
     return {"cpu-kept-shifted": lambda: BufferedShiftedEntropy(keep_for_surprisal=True),
             "cpu-compiled": lambda: CompiledShiftedEntropy(keep_for_surprisal=True),
+            "cpu-native": lambda: NativeShiftedEntropy(keep_for_surprisal=True),
             "kept-logits": lambda: KeptLogits(entropy_per_row)}[form]()
 
 
-# The compiled form keeps its shifted logits in float16: a surprisal may be off by its own relative
+# The compiled and native forms keep their shifted logits in float16: a surprisal may be off by its own relative
 # float16 rounding (2^-11), which the wire format (float16) rounds it to anyway
 FLOAT16_RELATIVE = 2.0**-11
 
 
-@pytest.mark.parametrize("form", ["cpu-kept-shifted", "cpu-compiled", "kept-logits"])
+@pytest.mark.parametrize("form", ["cpu-kept-shifted", "cpu-compiled", "cpu-native", "kept-logits"])
 def test_kept_forms_give_the_last_steps_surprisals_and_the_same_entropies(form: str) -> None:
     """What the tap gathers one step late: -log p(token) of the last call's rows, for rows in any
     block, at every scale, with masked tokens; the entropies are those of the plain forms."""
@@ -394,7 +418,7 @@ def test_kept_forms_give_the_last_steps_surprisals_and_the_same_entropies(form: 
         # A token more than 87 nats below the top is floored by the CPU form (never sampled: p < e^-87)
         sampleable = expected < 80
         assert sampleable.sum() >= 2, "the case must hold tokens a sampler could pick"
-        relative = FLOAT16_RELATIVE if form == "cpu-compiled" else 0.0
+        relative = FLOAT16_RELATIVE if form in ("cpu-compiled", "cpu-native") else 0.0
         error = ((surprisal.double() - expected).abs() - relative * expected)[sampleable].max().item()
         assert error < 1e-4 * max(1.0, scale), (form, rows, scale, error)
         assert (surprisal[~sampleable] >= 80).all()
@@ -410,10 +434,17 @@ def test_the_tap_asks_for_kept_logits_only_when_surprisals_are_on() -> None:
         BufferedShiftedEntropy,
         entropy_function,
     )
+    from entroloop.collectors.vllm.native_entropy import NativeShiftedEntropy
 
-    for compiled, form in ((True, CompiledShiftedEntropy), (False, BufferedShiftedEntropy)):
-        kept = entropy_function(torch.device("cpu"), keep_for_surprisal=True, compiled=compiled)
-        plain = entropy_function(torch.device("cpu"), compiled=compiled)
+    threads = torch.get_num_threads()
+    for compiled, form, torch_threads in ((True, CompiledShiftedEntropy, 2), (True, NativeShiftedEntropy, 1),
+                                          (False, BufferedShiftedEntropy, threads)):
+        torch.set_num_threads(torch_threads)
+        try:
+            kept = entropy_function(torch.device("cpu"), keep_for_surprisal=True, compiled=compiled)
+            plain = entropy_function(torch.device("cpu"), compiled=compiled)
+        finally:
+            torch.set_num_threads(threads)
         assert isinstance(kept, form) and kept.keep_for_surprisal
         assert isinstance(plain, form) and not plain.keep_for_surprisal
         plain(torch.randn(2, 10))
@@ -428,7 +459,7 @@ def test_a_forced_tokens_surprisal_is_never_below_zero() -> None:
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    for form in ("cpu-kept-shifted", "cpu-compiled"):
+    for form in ("cpu-kept-shifted", "cpu-compiled", "cpu-native"):
         entropy = kept_form(form)
         for trial in range(50):
             logits = torch.randn(4, 5000, generator=gen) * 3

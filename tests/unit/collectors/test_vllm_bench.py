@@ -118,7 +118,7 @@ def test_the_report_judges_the_realistic_shape_against_its_cpu_target(tmp_path: 
                     "tap_overhead_us_per_step": rep(900, 1000, 1100),
                     "tap_in_engine_us_per_step": rep(1200, 1250, 1300), "tap_in_engine_ratio": rep(0.981, 0.982, 0.983)}
         return {"workload": asdict(work), "steps": work.steps, "repeated": repeated, "details": {},
-                "reduction": {"cpu:fused_torch_compiled": rep(600, 610, 620),
+                "reduction": {"cpu:fused_native": rep(500, 510, 520), "cpu:fused_torch_compiled": rep(600, 610, 620),
                               "cpu:fused_torch_one_chunk_buffered": rep(700, 710, 720),
                               "cpu:fused_torch_one_chunk": rep(800, 810, 820), "cpu:reference": rep(900, 910, 920)}}
 
@@ -134,8 +134,9 @@ def test_the_report_judges_the_realistic_shape_against_its_cpu_target(tmp_path: 
     assert rows["qwen2.5-0.5b: the tap's own time per engine step, timed inside the engine"]["value"] == 1250
     own = rows["qwen2.5-0.5b: entropy tap / plain, from the tap's own time"]
     assert own["value"] == 0.982 and own["met"] is None  # shown, not judged: it leaves costs out
-    assert "the tap's choice" in rows["qwen2.5-0.5b: entropy reduction alone, fused_torch_compiled on CPU"]["note"]
-    for form in ("fused_torch_one_chunk", "fused_torch_one_chunk_buffered"):
+    assert "the tap's choice" in rows["qwen2.5-0.5b: entropy reduction alone, fused_native on CPU"]["note"]
+    assert "one torch thread" in rows["qwen2.5-0.5b: entropy reduction alone, fused_native on CPU"]["note"]
+    for form in ("fused_torch_compiled", "fused_torch_one_chunk", "fused_torch_one_chunk_buffered"):
         assert "the tap's choice" not in rows[f"qwen2.5-0.5b: entropy reduction alone, {form} on CPU"]["note"]
     assert rows["fused Triton entropy kernel on a GPU"]["value"] is None  # said, not hidden
     _write_report({"qwen2.5-0.5b": result("qwen2.5-0.5b", (0.95, 0.96, 0.99))}, out)
