@@ -1,5 +1,8 @@
 """The tap's CPU reduction as one compiled loop nest (``torch.compile``, Inductor's C++ backend).
 
+Used when torch runs several threads (the loops split rows across them) and as the fallback of the
+C++ kernel (``native_entropy``), which is faster at one thread: see there.
+
 Same algorithm and base-2 numerics as ``entropy_per_row_shifted`` (``fused_entropy``), but where the
 torch-op form writes two float32 ``[rows, vocab]`` buffers (the shifted logits ``z`` and ``2^z``)
 and reads them back, the compiled loops keep ``2^z`` in registers and write only ``z``, in float16,

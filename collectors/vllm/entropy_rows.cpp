@@ -7,10 +7,11 @@
 // the row's max. Why by hand: the compiled form (torch.compile) reads the row three times and sums
 // through a helper kept in memory; see native_entropy.py for the figures.
 //
-// Per row r, with z = (x - m_c) * log2(e) floored at FLOOR (m_c the chunk's max):
+// Per row r, with z = (x - m_c) * log2(e) / T_r floored at FLOOR (m_c the chunk's max, T_r the row's
+// sampling temperature when inverse_temperature is given, else 1):
 //   entropy[r]  = ln S - ln2 * T / S   (nats, >= 0), S = sum 2^z', T = sum 2^z' z', z' = z + shift_c
 //   log2_sum[r] = log2 S
-//   z_out[r, i] = z (float16), chunk_shift[r, c] = shift_c = (m_c - M) * log2(e) <= 0 (M the row max)
+//   z_out[r, i] = z (float16), chunk_shift[r, c] = shift_c = (m_c - M) * log2(e) / T_r <= 0 (M the row max)
 // so a token's surprisal is ln2 * (log2_sum - max(z_out + chunk_shift, FLOOR)) (native_entropy.py).
 #include <immintrin.h>
 #include <math.h>
@@ -77,12 +78,15 @@ extern "C" int64_t entropy_rows_chunk() { return CHUNK; }
 
 // logits: rows x vocab float32, row stride `stride` elements, contiguous within a row.
 // z_out (rows x vocab) and chunk_shift (rows x ceil(vocab / CHUNK)) may be null: nothing kept.
+// inverse_temperature (rows, each > 0) may be null: the entropy at temperature 1.
 extern "C" void entropy_rows(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
-                             float* entropy, float* log2_sum, _Float16* z_out, float* chunk_shift) {
+                             float* entropy, float* log2_sum, _Float16* z_out, float* chunk_shift,
+                             const float* inverse_temperature) {
   const int64_t chunks = (vocab + CHUNK - 1) / CHUNK;
   float chunk_max[chunks], chunk_s[chunks], chunk_t[chunks];  // a few hundred bytes per row
   for (int64_t r = 0; r < rows; r++) {
     const float* x = logits + r * stride;
+    const float scale = inverse_temperature ? LOG2_E * inverse_temperature[r] : LOG2_E;
     _Float16* z_row = z_out ? z_out + r * vocab : nullptr;
     float row_max = -INFINITY;
     for (int64_t c = 0; c < chunks; c++) {
@@ -101,7 +105,7 @@ extern "C" void entropy_rows(const float* logits, int64_t rows, int64_t vocab, i
       }
       v16 sv = splat(0.0f), tv = splat(0.0f);
       for (int64_t i = 0; i < nv; i += 16) {
-        v16 z = vmax((load(xc + i) - m) * LOG2_E, splat(FLOOR));
+        v16 z = vmax((load(xc + i) - m) * scale, splat(FLOOR));
         v16 e = exp2v(vmax(z, splat(EXP_FLOOR)));
         sv += e;
         tv += e * z;
@@ -109,7 +113,7 @@ extern "C" void entropy_rows(const float* logits, int64_t rows, int64_t vocab, i
       }
       float s = hsum(sv), t = hsum(tv);
       for (int64_t i = nv; i < n; i++) {
-        float z = floored((xc[i] - m) * LOG2_E), e = exp2f(z > EXP_FLOOR ? z : EXP_FLOOR);
+        float z = floored((xc[i] - m) * scale), e = exp2f(z > EXP_FLOOR ? z : EXP_FLOOR);
         s += e;
         t += e * z;
         if (z_row) z_row[start + i] = (_Float16)z;
@@ -120,7 +124,7 @@ extern "C" void entropy_rows(const float* logits, int64_t rows, int64_t vocab, i
     // combine the chunks in double: 2^shift rescales each chunk's sums to the row's max
     double s = 0.0, t = 0.0;
     for (int64_t c = 0; c < chunks; c++) {
-      double shift = chunk_s[c] == 0.0f ? 0.0 : ((double)chunk_max[c] - (double)row_max) * LOG2_E;
+      double shift = chunk_s[c] == 0.0f ? 0.0 : ((double)chunk_max[c] - (double)row_max) * scale;
       if (shift < FLOOR) shift = FLOOR;
       double w = exp2(shift);
       s += w * chunk_s[c];

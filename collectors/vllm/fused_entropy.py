@@ -251,7 +251,9 @@ class TemperatureEntropy:
     On a CPU the one-chunk form, row by row into two kept ``[1, vocab]`` buffers (views of the
     logits, no copy): the chunked form's per-element log and subnormal exps cost ~13x there (`entroloop
     bench collector`: 19.8 ms against 1.4 ms for [8, 151,936]). Elsewhere the chunked torch form over
-    just those rows (``[rows, chunk]`` pieces; a GPU does not slow down on subnormals)."""
+    just those rows (``[rows, chunk]`` pieces; a GPU does not slow down on subnormals). Where the
+    tap measures with the C++ kernel, that kernel does this pass too (``NativeShiftedEntropy.at_temperatures``:
+    150 µs against this form's 677 µs for 4 rows of 151,936 on one thread)."""
 
     def __init__(self, device: torch.device) -> None:
         self.on_cpu = torch.device(device).type == "cpu"

@@ -41,6 +41,7 @@ from entroloop.collectors.vllm.compiled_entropy import (
 from entroloop.collectors.vllm.fused_entropy import (
     LOG2_E,
     MASK_FLOOR,
+    TemperatureEntropy,
     surprisals_from_shifts,
 )
 
@@ -122,7 +123,7 @@ def build_library(folder: Path | None = None) -> Path:
 def load_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.entropy_rows.argtypes = [pointer, size, size, size, pointer, pointer, pointer, pointer]
+    lib.entropy_rows.argtypes = [pointer, size, size, size, pointer, pointer, pointer, pointer, pointer]
     lib.entropy_rows.restype = None
     lib.entropy_rows_chunk.argtypes = []
     lib.entropy_rows_chunk.restype = ctypes.c_int64
@@ -147,6 +148,7 @@ class NativeShiftedEntropy:
         self._z_host = self._shift_host = None  # numpy views: a handful of reads per step
         self._log2_sum = torch.empty(0)
         self._log2_sum_list: list[float] = []
+        self._temperature_fallback: TemperatureEntropy | None = None
 
     def warm_up(self, vocab: int) -> None:
         """Build (or load) the kernel now rather than in the first serving step."""
@@ -186,9 +188,34 @@ class NativeShiftedEntropy:
             z, shift = self._kept(rows, vocab)
         lib.entropy_rows(logits.data_ptr(), rows, vocab, logits.stride(0), entropy.data_ptr(),
                          self._log2_sum.data_ptr(), None if z is None else z.data_ptr(),
-                         None if shift is None else shift.data_ptr())
+                         None if shift is None else shift.data_ptr(), None)
         if self.keep_for_surprisal:
             self._log2_sum_list = self._log2_sum[:rows].tolist()
+        return entropy
+
+    def at_temperatures(self, logits: torch.Tensor, rows: Sequence[int], temperatures: Sequence[float]) -> torch.Tensor:
+        """The entropy of ``logits[rows[i]] / temperatures[i]`` (the tap's sampling pass), by the same
+        kernel, keeping nothing: what the last call kept for ``surprisal`` stays as it was."""
+        lib = self._load()
+        if lib is None:
+            if self._temperature_fallback is None:
+                self._temperature_fallback = TemperatureEntropy(torch.device("cpu"))
+            return self._temperature_fallback(logits, list(rows), list(temperatures))
+        logits = logits.float()
+        if logits.stride(1) != 1:
+            logits = logits.contiguous()
+        entropy = torch.empty(len(rows), dtype=torch.float32)
+        if not rows:
+            return entropy
+        inverse = torch.tensor([1.0 / t for t in temperatures], dtype=torch.float32)
+        log2_sum = torch.empty(1, dtype=torch.float32)
+        row_bytes, item = logits.stride(0) * logits.element_size(), entropy.element_size()
+        for i, row in enumerate(rows):  # row by row from the logits themselves: no gathered copy
+            if not 0 <= row < logits.shape[0]:
+                raise IndexError(f"row {row} is outside the batch (0..{logits.shape[0] - 1})")
+            lib.entropy_rows(logits.data_ptr() + row * row_bytes, 1, logits.shape[1], logits.stride(0),
+                             entropy.data_ptr() + i * item, log2_sum.data_ptr(), None, None,
+                             inverse.data_ptr() + i * item)
         return entropy
 
     def _kept(self, rows: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

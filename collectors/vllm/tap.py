@@ -68,7 +68,8 @@ class EntropyTap:
         # fused on CUDA (entroloop.collectors.vllm.fused_entropy); keeps the step's logits for surprisals
         self.entropy = entropy_function(device, keep_for_surprisal=surprisal, compiled=compiled)
         self.ships_surprisals = surprisal
-        self.entropy_at_temperatures = TemperatureEntropy(device)
+        # the CPU kernel does the sampling pass too, when it is the one measuring (native_entropy)
+        self.entropy_at_temperatures = getattr(self.entropy, "at_temperatures", None) or TemperatureEntropy(device)
         self._pending: list | None = None  # last step's snapshot, whose tokens are not sampled yet
         self.steps = 0
 

@@ -133,6 +133,18 @@ def test_the_chunked_form_at_a_sampling_temperature_agrees_with_the_reference_of
     for attempt in range(2):
         got = at_temperatures(logits, picked, temperatures)
         assert_agrees(got, scaled, f"one chunk per row at temperatures {temperatures}, {name}, call {attempt}")
+    # ... or, at one torch thread, the C++ kernel, which must leave what it kept for surprisals alone
+    from entroloop.collectors.vllm.native_entropy import NativeShiftedEntropy
+
+    native = NativeShiftedEntropy(keep_for_surprisal=True)
+    native(logits)
+    n = logits.shape[0]  # the kept buffers hold at least 8 rows; the others are not this call's
+    kept = (native._z[:n].clone(), native._shift[:n].clone(), list(native._log2_sum_list))
+    assert_agrees(native.at_temperatures(logits, picked, temperatures), scaled,
+                  f"native at temperatures {temperatures}, {name}")
+    assert native.fallback is None
+    assert torch.equal(native._z[:n], kept[0]) and torch.equal(native._shift[:n], kept[1])
+    assert native._log2_sum_list == kept[2]
     if name == "scale4":  # hotter is flatter: a higher entropy for every row
         base = entropy_per_row_chunked(logits, rows=rows)
         hot = entropy_per_row_chunked(logits, rows=rows, inverse_temperature=torch.full((len(picked),), 0.5))
@@ -232,7 +244,9 @@ def test_the_tap_uses_a_built_kernel_on_a_cpu_and_the_triton_kernel_on_cuda(monk
     try:
         torch.set_num_threads(1)  # as vLLM's CPU engine runs on a small host: the native kernel
         assert isinstance(entropy_function(torch.device("cpu")), NativeShiftedEntropy)
-        assert isinstance(EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy, NativeShiftedEntropy)
+        native_tap = EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4)
+        assert isinstance(native_tap.entropy, NativeShiftedEntropy)
+        assert native_tap.entropy_at_temperatures == native_tap.entropy.at_temperatures  # its sampling pass too
         torch.set_num_threads(2)  # several threads: the compiled form, which splits rows across them
         assert isinstance(entropy_function(torch.device("cpu")), CompiledShiftedEntropy)
         assert isinstance(EntropyTap(lambda chunk: None, torch.device("cpu"), max_rows=4).entropy, CompiledShiftedEntropy)

@@ -101,6 +101,19 @@ def test_without_a_compiler_the_tap_says_so_and_uses_the_compiled_form(tmp_path:
         surprisal = entropy.surprisal([1], [7]).item()
     expected = -torch.log_softmax(logits.double(), dim=-1)[1, 7]
     assert abs(surprisal - expected.item()) < 2.0**-11 * expected.item()  # from the form that ran (float16 shifts)
+    with torch.inference_mode():  # the sampling pass falls back as well
+        hot = entropy.at_temperatures(logits, [1], [2.0])
+    assert abs(hot.item() - entropy_reference(logits[1:] / 2.0).item()) < 1e-4
+
+
+def test_the_sampling_pass_refuses_a_row_outside_the_batch(tmp_path: Path) -> None:
+    import torch
+    from entroloop.collectors.vllm.native_entropy import NativeShiftedEntropy
+
+    entropy = NativeShiftedEntropy(folder=tmp_path / "native")
+    with pytest.raises(IndexError, match="outside the batch"):
+        entropy.at_temperatures(torch.randn(2, 100), [2], [0.7])  # never a read past the logits
+    assert entropy.at_temperatures(torch.randn(2, 100), [], []).shape == (0,)
 
 
 def test_a_compile_error_is_reported_with_the_compilers_words(tmp_path: Path, monkeypatch) -> None:
