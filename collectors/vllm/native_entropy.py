@@ -9,7 +9,7 @@ thread (AMD EPYC, 2026-12-07, same process, interleaved) 366 µs against the com
 vLLM steps. It keeps what the one-step-late surprisals need: the float16 shifted logits, relative to
 each chunk's max, and each chunk's shift to the row's max.
 
-Building: the system's C++ compiler (``$CXX``, else ``c++``) with ``-O3 -march=native``, ~0.4 s, at
+Building: the system's C++ compiler (``$CXX``, else ``c++``) with ``-O3 -march=native``, ~0.5 s, at
 engine start (``warm_up``); the library is cached in a folder only this user can write (``$XDG_CACHE_HOME``
 or ``~/.cache``, ``entroloop/native``), named by the hash of the source, the compiler and the CPU's
 flags, and written by rename, so a half-written or foreign library is never loaded. Whatever fails
@@ -130,6 +130,14 @@ def load_library(path: Path) -> ctypes.CDLL:
     return lib
 
 
+def _check_host_matrix(logits: torch.Tensor) -> None:
+    """The kernel reads host memory through a raw pointer: anything else must be refused, not read."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+    if logits.device.type != "cpu":
+        raise ValueError(f"the native entropy kernel reads host memory; got logits on {logits.device}")
+
+
 class NativeShiftedEntropy:
     """The tap's entropy reduction on a CPU with one torch thread: the C++ kernel, built on first use
     (or ``warm_up``), with what ``surprisal`` needs kept when ``keep_for_surprisal``.
@@ -169,8 +177,7 @@ class NativeShiftedEntropy:
         return self._lib
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        if logits.dim() != 2:
-            raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+        _check_host_matrix(logits)
         lib = self._load()
         if lib is None:
             return self.fallback(logits)  # type: ignore[misc]
@@ -196,6 +203,7 @@ class NativeShiftedEntropy:
     def at_temperatures(self, logits: torch.Tensor, rows: Sequence[int], temperatures: Sequence[float]) -> torch.Tensor:
         """The entropy of ``logits[rows[i]] / temperatures[i]`` (the tap's sampling pass), by the same
         kernel, keeping nothing: what the last call kept for ``surprisal`` stays as it was."""
+        _check_host_matrix(logits)
         lib = self._load()
         if lib is None:
             if self._temperature_fallback is None:

@@ -106,11 +106,18 @@ def test_without_a_compiler_the_tap_says_so_and_uses_the_compiled_form(tmp_path:
     assert abs(hot.item() - entropy_reference(logits[1:] / 2.0).item()) < 1e-4
 
 
-def test_the_sampling_pass_refuses_a_row_outside_the_batch(tmp_path: Path) -> None:
+def test_what_the_kernel_cannot_read_is_refused(tmp_path: Path) -> None:
     import torch
     from entroloop.collectors.vllm.native_entropy import NativeShiftedEntropy
 
     entropy = NativeShiftedEntropy(folder=tmp_path / "native")
+    # the kernel reads raw host pointers: anything but a [rows, vocab] host tensor is refused, not read
+    with pytest.raises(ValueError, match="host memory; got logits on meta"):
+        entropy(torch.empty(2, 100, device="meta"))
+    with pytest.raises(ValueError, match="host memory"):
+        entropy.at_temperatures(torch.empty(2, 100, device="meta"), [0], [0.7])
+    with pytest.raises(ValueError, match=r"\[rows, vocab\]"):
+        entropy(torch.randn(100))
     with pytest.raises(IndexError, match="outside the batch"):
         entropy.at_temperatures(torch.randn(2, 100), [2], [0.7])  # never a read past the logits
     assert entropy.at_temperatures(torch.randn(2, 100), [], []).shape == (0,)
