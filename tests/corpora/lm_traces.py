@@ -44,12 +44,14 @@ OUTPUTS = {"dev": FOLDER / "lm_traces_dev.jsonl", "test": FOLDER / "lm_traces_te
 FRESH_OUTPUT = FOLDER / "lm_traces_fresh.jsonl"
 """FRESH: generated after every detector setting and label rule was final, from prompts that neither
 DEV nor TEST holds; nobody looked at it before it was scored. All of it is reported."""
-READ_SPLITS = {"read": (1403, "lmr"), "read2": (1404, "lmr2"), "read3": (1405, "lmr3"), "read4": (1407, "lmr4")}
+READ_SPLITS = {"read": (1403, "lmr"), "read2": (1404, "lmr2"), "read3": (1405, "lmr3"), "read4": (1407, "lmr4"),
+               "read5": (1408, "lmr5")}
 """READ, READ2 and READ3 (seed, id prefix): labelled by a reader, not by ``text_labels``: every text
 read end to end from a sheet that shows only the prompt and the decoded text, before any detector ran
 on the file (see the README). READ2 was generated after the settings that READ's scoring led to were
 final; READ3 (a second blind split) after READ2 was scored, with no setting changed since; READ4
-(a third, the first made with sampling entropies) after the sampling edge was set on DEV2."""
+(a third, the first made with sampling entropies) after the sampling edge was set on DEV2; READ5 (a
+fourth) after near-cycle loop evidence was added, read by a helper session that never saw the detectors."""
 READ_OUTPUTS = {name: FOLDER / f"lm_traces_{name}.jsonl" for name in READ_SPLITS}
 DEV2 = (1406, "lmd2")
 """DEV2 (seed, id prefix): made when the tap began shipping sampling entropies (the entropy at the
