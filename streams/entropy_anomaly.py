@@ -249,12 +249,21 @@ class EntropyAnomalyDetector(Processor):
             parts = [hashes[i] if tolerance is None else arrays[i] for i in members]
             bounds = np.zeros(len(parts) + 1, dtype=np.int64)
             np.cumsum([p.size for p in parts], out=bounds[1:])
+            recurring: list[int] = []
             stretches = periodic_stretches(
                 np.concatenate(parts), bounds, c.loop_max_period, c.loop_min_repeats,
                 c.loop_min_tokens if tolerance is None else c.loop_min_tokens_entropy_only,
                 tolerance=tolerance, min_spread=0.0 if tolerance is None else c.loop_entropy_min_spread_nats,
+                recurring=recurring,
             )
             found.update({members[k]: stretch for k, stretch in stretches.items()})
+            if tolerance is None:  # token ids: a loop that repeats with changes has no exact period
+                for k in recurring:
+                    if k not in stretches:
+                        near = self.evidence.near_cycle(parts[k])
+                        if near is not None:
+                            found[members[k]] = Stretch(members[k], near.distance, near.start, near.end,
+                                                        near.copied_share)
         return found, by_ids
 
     def _periodic_alert(self, record: TokenEntropy, values: np.ndarray, stretch: Stretch, by_ids: bool,
@@ -266,13 +275,18 @@ class EntropyAnomalyDetector(Processor):
         start, end = offset + stretch.start, offset + stretch.end
         if any(isinstance(a, Alert) and a.rule == LOOP and a.token_start < end and start < a.token_end for a in found):
             return []
-        source = "token_ids" if by_ids else "entropy_periodicity"
+        source = "near_cycle" if stretch.copied_share is not None else "token_ids" if by_ids else "entropy_periodicity"
         evidence = {"rule": LOOP, "static": None,
                     **self.evidence.periodic_loop(record.model, record.route, values, stretch, offset, source)}
         minimum = self.evidence.config.loop_min_tokens if by_ids else self.evidence.config.loop_min_tokens_entropy_only
-        detail = (f"{stretch.length} tokens repeat with period {stretch.period} x{evidence['repeats']} "
-                  f"({'token ids' if by_ids else 'entropy sequence'}; >= {minimum} tokens needed) at mean entropy "
-                  f"{evidence['stretch_mean']:.2f} nats")
+        if stretch.copied_share is not None:
+            detail = (f"{stretch.length} tokens keep copying the text {stretch.period} tokens back x{evidence['repeats']} "
+                      f"({stretch.copied_share:.0%} of them inside a copied {self.evidence.config.loop_template_ngram}-gram: "
+                      f"a cycle that repeats with changes) at mean entropy {evidence['stretch_mean']:.2f} nats")
+        else:
+            detail = (f"{stretch.length} tokens repeat with period {stretch.period} x{evidence['repeats']} "
+                      f"({'token ids' if by_ids else 'entropy sequence'}; >= {minimum} tokens needed) at mean entropy "
+                      f"{evidence['stretch_mean']:.2f} nats")
         return [self._make_alert(record, LOOP, len(found), start, end, float(stretch.length), float(minimum),
                                  evidence, detail)]
 

@@ -8,7 +8,9 @@ static run before it becomes an alert:
 - loop: the run must contain a periodic stretch (period <= ``loop_max_period``, repeated at least
   ``loop_min_repeats`` times over ``loop_min_tokens`` tokens): of the sampled token ids when the
   record carries them, else of the entropy sequence (with more tokens required, and, once the
-  (model, route) has a band, a stretch below the model's own lowest sustained entropy);
+  (model, route) has a band, a stretch below the model's own lowest sustained entropy); with token
+  ids, a stretch that keeps copying earlier text with small changes (a near-cycle,
+  ``streams/template_repeats.py``) counts too;
 - gibberish: the sustained entropy (rolling median over the band window) around the run must exceed
   an absolute floor (``gibberish_floor_nats``: near-uniform sampling, a level no healthy model
   sustains) and, once the band exists, the model's own band (its high edge plus a margin), so a
@@ -32,6 +34,7 @@ from entroloop.streams.periodicity import (
     find_entropy_period,
     find_id_period,
 )
+from entroloop.streams.template_repeats import TemplateRepeat, template_repeat
 
 from entroloop.contract.records import Alert, Event
 from entroloop.contract.settings import Settings
@@ -58,6 +61,9 @@ class EvidenceConfig:
     surprisal_excess_nats: float = 1.85
     sampling_window: int = 32
     sampling_excess_nats: float = 0.95
+    loop_template_ngram: int = 4
+    loop_template_lookback: int = 160
+    loop_template_share: float = 0.9
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EvidenceConfig:
@@ -76,6 +82,9 @@ class EvidenceConfig:
             surprisal_excess_nats=settings.gibberish_surprisal_excess_nats,
             sampling_window=settings.gibberish_sampling_window,
             sampling_excess_nats=settings.gibberish_sampling_excess_nats,
+            loop_template_ngram=settings.loop_template_ngram,
+            loop_template_lookback=settings.loop_template_lookback,
+            loop_template_share=settings.loop_template_share,
         )
 
 
@@ -118,6 +127,13 @@ class EntropyEvidence:
             "autocorrelation": round(found.autocorrelation, 3),
             "band": band.as_dict() if band is not None else None,
         }
+
+    def near_cycle(self, ids: np.ndarray) -> TemplateRepeat | None:
+        """The longest stretch of ``ids`` that keeps copying earlier text with changes (a loop with no
+        exact period), or None."""
+        c = self.config
+        return template_repeat(ids, c.loop_template_ngram, c.loop_template_lookback, c.loop_template_share,
+                               c.loop_min_repeats, c.loop_min_tokens)
 
     def periodic_loop(self, model: str, route: str, values: np.ndarray, stretch: Stretch, offset: int,
                       source: str) -> dict[str, Any]:

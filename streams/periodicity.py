@@ -115,6 +115,9 @@ class Stretch:
     period: int
     start: int
     end: int
+    copied_share: float | None = None
+    """A near-cycle (``streams/template_repeats.py``): the share of its tokens that copy earlier text,
+    ``period`` being the median copy distance. None for an exact period."""
 
     @property
     def length(self) -> int:
@@ -123,7 +126,7 @@ class Stretch:
 
 def periodic_stretches(flat: np.ndarray, bounds: np.ndarray, max_period: int, min_repeats: float,
                        min_tokens: int, tolerance: tuple[float, float] | None = None,
-                       min_spread: float = 0.0) -> dict[int, Stretch]:
+                       min_spread: float = 0.0, recurring: list[int] | None = None) -> dict[int, Stretch]:
     """Per record of a batch, its longest periodic stretch (period <= ``max_period``, at least
     ``min_tokens`` tokens and ``min_repeats`` cycles; ties: the smallest period).
 
@@ -132,7 +135,9 @@ def periodic_stretches(flat: np.ndarray, bounds: np.ndarray, max_period: int, mi
     within ``nats + relative * max(a, b)``. One vectorised comparison per lag over the whole batch
     (not per record: per-record numpy calls cost more than the arithmetic), never across a record's
     edge. ``min_spread``: a stretch whose values vary less (standard deviation) is not a repetition
-    (a flat entropy sequence matches itself at every lag) and is passed over.
+    (a flat entropy sequence matches itself at every lag) and is passed over. ``recurring``, when
+    given, is filled with the records that passed the prefilter (a run of tokens that recur within
+    ``max_period``): the only ones where a near-cycle (``streams/template_repeats.py``) can be.
     """
     n = flat.size
     if n < 2 or len(bounds) < 2:
@@ -143,6 +148,8 @@ def periodic_stretches(flat: np.ndarray, bounds: np.ndarray, max_period: int, mi
     # Most records repeat nothing: keep only those where enough consecutive tokens recur within
     # max_period tokens (necessary for any stretch), then compare lags on those alone.
     keep = _recurring_records(values, owner, max_period, min_repeats, min_tokens, tolerance)
+    if recurring is not None:
+        recurring.extend(keep.tolist())
     if keep.size == 0:
         return {}
     if keep.size < sizes.size:

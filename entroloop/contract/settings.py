@@ -144,6 +144,18 @@ class Settings(BaseSettings):
     loop_min_tokens_entropy_only: int = Field(
         24, ge=2, description="... or this many when only entropies are known (a repeating entropy is weaker evidence)."
     )
+    loop_template_ngram: int = Field(
+        4, ge=2, description="Near-cycle loops (token ids known; a loop that repeats with changes, such as two lines "
+        "alternating in no fixed order or a line whose only change is one word): a token counts as copied when it lies "
+        "in a run of this many tokens that appeared before ..."
+    )
+    loop_template_lookback: int = Field(
+        160, ge=2, description="... at most this many tokens earlier (a cycle of a few lines) ..."
+    )
+    loop_template_share: float = Field(
+        0.9, gt=0, le=1, description="... and a stretch at least this share copied, spanning loop_min_tokens and "
+        "loop_min_repeats - 1 copy distances (the text came back loop_min_repeats times), is a loop."
+    )
     loop_entropy_tolerance_nats: float = Field(
         0.08, ge=0, description="Entropy-only loops: two entropies one period apart match within this ..."
     )
