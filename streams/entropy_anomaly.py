@@ -257,7 +257,8 @@ class EntropyAnomalyDetector(Processor):
                 recurring=recurring,
             )
             found.update({members[k]: stretch for k, stretch in stretches.items()})
-            if tolerance is None:  # token ids: a loop that repeats with changes has no exact period
+            # token ids: a loop that repeats with changes has no exact period (lookback 0: not looked for)
+            if tolerance is None and c.loop_template_lookback:
                 for k in recurring:
                     if k not in stretches:
                         near = self.evidence.near_cycle(parts[k])

@@ -150,7 +150,8 @@ class Settings(BaseSettings):
         "in a run of this many tokens that appeared before ..."
     )
     loop_template_lookback: int = Field(
-        160, ge=2, description="... at most this many tokens earlier (a cycle of a few lines) ..."
+        160, ge=0, description="... at most this many tokens earlier (a cycle of a few lines; 0 turns near-cycles "
+        "off: exact periods only) ..."
     )
     loop_template_share: float = Field(
         0.9, gt=0, le=1, description="... and a stretch at least this share copied, spanning loop_min_tokens and "

@@ -203,12 +203,14 @@ def test_the_real_model_read_by_a_person(tmp_path: Path) -> None:
     no id, regime, entropy or rule label; tests/data/entropy/README.md). READ2 was generated and read
     after the settings were final and scored once; READ was scored before the surprisal edge was re-set
     on DEV's reader labels (then: gibberish recall 0.929), so only READ2 is blind to it. Misses in
-    READ2: two greedy loops (a six-line cycle too short for the loop rule, and a paragraph said again
-    with another between the copies) and one short T=1.5 text; one T=1.5 text the reader called half
-    broken is flagged."""
+    READ2: two greedy loops (two lines alternating in no fixed order, and a paragraph said again
+    with changes) and one short T=1.5 text; one T=1.5 text the reader called half broken is flagged.
+    The two loops are found since near-cycles count (READ2 is no longer blind to that change)."""
     blind = _figures(CORPUS / "lm_traces_read2.jsonl", True, tmp_path)
     assert blind["requests"] == 200 and blind["loop"]["support"] == 39 and blind["gibberish"]["support"] == 79
-    assert blind["loop"]["precision"] == 1.0 and blind["loop"]["recall"] >= 0.94
+    assert blind["loop"]["precision"] == 1.0 and blind["loop"]["recall"] == 1.0
+    assert _figures(CORPUS / "lm_traces_read2.jsonl", True, tmp_path,
+                    env={"ENTROLOOP_LOOP_TEMPLATE_LOOKBACK": "0"})["loop"]["recall"] < 0.95  # exact periods only
     assert blind["gibberish"]["precision"] >= 0.98 and blind["gibberish"]["recall"] >= 0.98
     alone = _figures(CORPUS / "lm_traces_read2.jsonl", False, tmp_path)
     assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.94
@@ -252,13 +254,13 @@ def test_the_real_model_third_blind_read_split_with_sampling_entropies(tmp_path:
     was set on DEV2, read and labelled (labels committed) before any detector ran on it; scored once.
     Disagreements, read after scoring: seven T=1.5 texts flagged as gibberish that the reader called
     about half readable (all seven marked borderline); two greedy loops missed, each two option lines
-    alternating (a cycle longer than the loop detector's longest period). Pooled with READ2 and READ3
-    (600 blind requests) the token-id figures meet 0.95 / 0.95; READ3 + READ4 (the 400 with sampling
-    entropies) meet 0.90 / 0.90 from entropies alone."""
+    alternating with changes (no exact period): found since near-cycles count, after READ4 was scored.
+    Pooled with READ2 and READ3 (600 blind requests) the token-id figures meet 0.95 / 0.95; READ3 +
+    READ4 (the 400 with sampling entropies) meet 0.90 / 0.90 from entropies alone."""
     read4 = CORPUS / "lm_traces_read4.jsonl"
     blind = _figures(read4, True, tmp_path)
     assert blind["requests"] == 200 and blind["loop"]["support"] == 41 and blind["gibberish"]["support"] == 73
-    assert blind["loop"]["precision"] == 1.0 and blind["loop"]["recall"] >= 0.95
+    assert blind["loop"]["precision"] == 1.0 and blind["loop"]["recall"] == 1.0
     assert blind["gibberish"]["precision"] >= 0.91 and blind["gibberish"]["recall"] == 1.0
     alone = _figures(read4, False, tmp_path)
     assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.90
@@ -277,6 +279,27 @@ def test_the_real_model_third_blind_read_split_with_sampling_entropies(tmp_path:
     assert alone["requests"] == 400
     assert min(alone["loop"]["precision"], alone["loop"]["recall"]) >= 0.90
     assert min(alone["gibberish"]["precision"], alone["gibberish"]["recall"]) >= 0.90
+
+
+def test_the_real_model_fourth_blind_read_split(tmp_path: Path) -> None:
+    """READ5: 40 more prompts, generated after near-cycle loops were added, committed unlabelled, read
+    by a helper session that saw only the reading sheet and the criteria (never a detector), labels
+    committed, then scored once. With token ids it meets 0.95 / 0.95 on its own; from entropies and
+    sampling entropies, 0.90 / 0.90. Disagreements, read after scoring, are all borderline calls:
+    three T=1.5 texts the reader called about half readable are flagged, one T=1.0 word salad is
+    missed. One loop (a line repeated with one word changed) is found by the near-cycle evidence
+    alone; the model's own entropies flag no gibberish (its hot sampling is not in them)."""
+    read5 = CORPUS / "lm_traces_read5.jsonl"
+    blind = _figures(read5, True, tmp_path)
+    assert blind["requests"] == 200 and blind["loop"]["support"] == 40 and blind["gibberish"]["support"] == 78
+    assert (blind["loop"]["precision"], blind["loop"]["recall"]) == (1.0, 1.0)
+    assert min(blind["gibberish"]["precision"], blind["gibberish"]["recall"]) >= 0.96
+    exact_only = _figures(read5, True, tmp_path, env={"ENTROLOOP_LOOP_TEMPLATE_LOOKBACK": "0"})
+    assert exact_only["loop"]["recall"] == 0.975
+    alone = _figures(read5, False, tmp_path)
+    assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.92
+    assert min(alone["gibberish"]["precision"], alone["gibberish"]["recall"]) >= 0.96
+    assert _figures(read5, False, tmp_path, drop=("sampling_entropy",))["gibberish"]["predicted"] == 0
 
 
 def test_the_sampling_edge_sits_in_dev2s_gap(tmp_path: Path) -> None:

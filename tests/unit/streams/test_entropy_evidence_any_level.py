@@ -151,3 +151,29 @@ def test_the_prefilter_keeps_a_loop_whose_entropies_straddle_a_cell_edge() -> No
     # max_period 4: the same side of an edge comes back only every 6 tokens, beyond it
     found = periodic_stretches(flat, np.array([0, 40, 64]), 4, 3, 12, tolerance=(0.1, 0.0), min_spread=0.5)
     assert 1 in found and found[1].period == 3 and found[1].length == 24
+
+
+def test_a_loop_that_repeats_with_changes_is_a_near_cycle_alert_exact_periods_alone_miss_it() -> None:
+    """Two lines alternating in no fixed order (the tiny LM's "%s: 无此目录" / "%s: 无此文件"): no exact
+    period holds over 16 tokens, but nearly every token copies the text a line or two back."""
+    from entroloop.streams.entropy_evidence import EvidenceConfig
+
+    rng = np.random.default_rng(13)
+    first, second = [71, 72, 73, 74, 75, 10], [71, 72, 73, 74, 76, 10]
+    order = [first, second, first, second, second, first, first, second, first, first, second, second, first]
+    head_ids = rng.integers(1000, 4096, size=30).tolist()
+    ids = head_ids + [t for line in order for t in line]
+    entropies = _ordinary(rng, len(ids))
+    record = tokens("near-cycle", entropies, token_hashes=pack_token_hashes(ids))
+    (alert,) = _loops(_detector().process(record))
+    evidence = json.loads(alert.baseline)
+    assert evidence["evidence"] == "near_cycle" and evidence["period"] in (6, 12) and evidence["static"] is None
+    assert alert.token_end == len(ids) and 24 <= alert.token_start <= 36
+    assert "keep copying the text" in alert.detail and "4-gram" in alert.detail
+    exact_only = EntropyAnomalyDetector(evidence=EntropyEvidence(EvidenceConfig(loop_template_lookback=0),
+                                                                 bands=EntropyBands(min_requests=20)))
+    assert _loops(exact_only.process(record)) == []
+    # the same lines in an order that never comes back three times: a list, not a loop
+    listed = head_ids + [t for k in range(8) for t in [71, 72, 300 + 7 * k, 301 + 7 * k, 302 + 7 * k, 10]]
+    assert _loops(_detector().process(tokens("list", _ordinary(rng, len(listed)),
+                                             token_hashes=pack_token_hashes(listed)))) == []
