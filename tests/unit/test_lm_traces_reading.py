@@ -137,7 +137,7 @@ def test_the_command_line_names_each_split_and_refuses_the_rest(monkeypatch: pyt
 def test_each_read_split_holds_its_planned_requests_and_no_earlier_prompt() -> None:
     """A READ split is blind only if its prompts are new: the checked-in lines are exactly what
     ``read_split_requests`` plans (ids, prompts, regimes, lengths), and none of their prompts is in a
-    split made before it (DEV, TEST, FRESH, the earlier READ splits, DEV2 for READ4); DEV2 likewise."""
+    split made before it (DEV, TEST, FRESH, the earlier READ splits, DEV2 for READ4 and READ5); DEV2 likewise."""
     earlier = {line["generator"]["prompt"] for line in read_lines((*OUTPUTS.values(), FRESH_OUTPUT)).values()}
     # in the order they were made: DEV2 came after READ3 and before READ4
     made = [(name, read_split_requests(name), path) for name, path in READ_OUTPUTS.items()]
@@ -151,7 +151,7 @@ def test_each_read_split_holds_its_planned_requests_and_no_earlier_prompt() -> N
             assert line["generator"]["prompt"] == request.prompt, request_id
             assert line["generator"]["regime"] == request.regime.name, request_id
             assert len(line["token_ids"]) == request.max_tokens, request_id  # ignore_eos: every token
-            if name in ("dev2", "read4"):  # made with the tap's sampling entropies: none for greedy requests
+            if name in ("dev2", "read4", "read5"):  # made with the tap's sampling entropies: none for greedy requests
                 expected = len(line["token_ids"]) if request.regime.temperature else 0
                 assert len(line.get("sampling_entropy", [])) == expected, request_id
         prompts = {r.prompt for r in planned.values()}
