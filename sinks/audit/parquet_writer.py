@@ -61,6 +61,7 @@ from entroloop.infra.worm.manifest import (
     parse_manifest_key,
     sha256_hex,
 )
+from entroloop.infra.worm.parquet_bytes import read_parquet
 from entroloop.infra.worm.worm_store import ObjectExists, WormStore
 
 WrittenFile = FileEntry  # the name the first writer used
@@ -196,7 +197,7 @@ class AuditParquetWriter:
                          batch_records: Sequence[Event]) -> set[str]:
         """The event ids the object at ``key`` holds, if each of its rows equals a record of this
         batch (all columns); else ``AuditChainError``."""
-        stored = pq.read_table(io.BytesIO(existing), use_threads=False)
+        stored = read_parquet(existing)
         by_id = {r.event_id: r for r in batch_records}
         ids = [str(i) for i in stored.column("event_id").to_pylist()] if "event_id" in stored.column_names else None
         if ids is None or any(i not in by_id for i in ids) \

@@ -15,13 +15,11 @@ not, with a warning, so a planted object cannot teach the writer to drop records
 
 from __future__ import annotations
 
-import io
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-import pyarrow.parquet as pq
-
 from entroloop.infra.worm.manifest import Manifest, sha256_hex
+from entroloop.infra.worm.parquet_bytes import read_parquet
 from entroloop.infra.worm.s3_store import S3Unavailable
 from entroloop.infra.worm.worm_store import WormStore
 
@@ -66,7 +64,7 @@ def chained_event_ids(store: WormStore, head_key: str, head_sha256: str, batches
             log.warning("%s does not hash to its manifest entry; recent ids read back only up to it "
                         "(run `entroloop audit verify`)", key)
             break
-        column = pq.read_table(io.BytesIO(blob), columns=["event_id"], use_threads=False).column("event_id")
+        column = read_parquet(blob, columns=["event_id"]).column("event_id")
         ids += reversed(column.to_pylist())
     ids.reverse()
     return ids

@@ -14,15 +14,13 @@ never served as evidence. Row-group statistics let Parquet skip most of each fil
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Iterator
 from typing import Any
-
-import pyarrow.parquet as pq
 
 from entroloop.contract.records import Action, Audit
 from entroloop.infra.worm.layouts import layout_for
 from entroloop.infra.worm.manifest import MANIFEST_PREFIX, Manifest, chain_prefix
+from entroloop.infra.worm.parquet_bytes import read_matching
 from entroloop.infra.worm.worm_store import WormStore
 
 LOOKUP_COLUMNS = layout_for(Audit.topic).lookups
@@ -60,11 +58,8 @@ def find_records_for_keys(store: WormStore, column: str, values: Iterable[str],
     if not wanted:
         return
     for key in manifest_files(store, topic):
-        # use_threads=False: pyarrow 26's threaded read leaves its pool to be torn down at exit, and a
-        # short-lived reader (`entroloop audit get`) then aborted in C++ ("terminate called without an
-        # active exception", exit 134) after printing its answer, in 5 of 8 runs; one object at a time
-        # is small, so the threads bought nothing here.
-        table = pq.read_table(io.BytesIO(store.get(key)), filters=[(column, "in", wanted)], use_threads=False)
+        # on this thread: Arrow's pools, once started, can abort a short-lived reader at exit
+        table = read_matching(store.get(key), column, wanted)
         for row in table.to_pylist():
             row["emitted_at"] = row["emitted_at"].timestamp()
             row["_object"] = key
