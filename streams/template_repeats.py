@@ -22,11 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Odd 64-bit multipliers for the n-gram keys; a key collision is checked away against the ids.
-_MIXERS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
-                    0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x94D049BB133111EB, 0xBF58476D1CE4E5B9],
-                   dtype=np.uint64)
-
 
 @dataclass(frozen=True)
 class TemplateRepeat:
@@ -52,13 +47,14 @@ def copied_tokens(ids: np.ndarray, ngram: int, lookback: int) -> tuple[np.ndarra
     if starts < 2:
         return copied, distance
     windows = np.lib.stride_tricks.sliding_window_view(ids.astype(np.int64), ngram)
-    keys = (windows.astype(np.uint64) * _MIXERS[:ngram]).sum(axis=1, dtype=np.uint64)
-    order = np.argsort(keys, kind="stable")  # equal keys stay in position order
+    # each n-gram as one opaque value of its bytes: equal exactly when the ids are, no hashing
+    keys = np.ascontiguousarray(windows).view(np.dtype((np.void, 8 * ngram))).ravel()
+    order = np.argsort(keys, kind="stable")  # equal n-grams stay in position order
     ordered = keys[order]
     same = np.flatnonzero(ordered[1:] == ordered[:-1])
     later, earlier = order[same + 1], order[same]  # each occurrence and the one just before it
     gap = later - earlier
-    real = (gap >= ngram) & (gap <= lookback) & (windows[later] == windows[earlier]).all(axis=1)
+    real = (gap >= ngram) & (gap <= lookback)
     distance[later[real]] = gap[real]
     # every token of a copied n-gram is copied
     marks = np.zeros(n + 1, dtype=np.int64)
