@@ -84,3 +84,10 @@ def test_a_copy_is_told_by_its_ids() -> None:
 @pytest.mark.parametrize("size", [0, 1, 3, 4, 5])
 def test_short_records(size: int) -> None:
     assert _find(list(range(size))) is None
+
+
+def test_any_ngram_length_setting_works() -> None:
+    """ENTROLOOP_LOOP_TEMPLATE_NGRAM has no upper bound: a long n-gram is compared exactly too."""
+    line = list(range(20, 34))
+    found = template_repeat(np.array(list(range(100, 120)) + line * 4, dtype=np.uint32), **{**SETTINGS, "ngram": 12})
+    assert found is not None and found.distance == 14 and found.end == 76
