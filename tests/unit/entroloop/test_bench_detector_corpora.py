@@ -29,7 +29,7 @@ def test_every_corpus_but_the_tuning_ones_is_reported(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("not a corpus")
     assert [p.name for p in corpora(tmp_path)] == ["held_out.jsonl", "lm_traces_test.jsonl"]
     assert [p.name for p in corpora(CORPUS_DIR)] == [
-        "held_out.jsonl", "lm_traces_fresh.jsonl", "lm_traces_read.jsonl", "lm_traces_read2.jsonl",
+        "held_out.jsonl", "held_out2.jsonl", "lm_traces_fresh.jsonl", "lm_traces_read.jsonl", "lm_traces_read2.jsonl",
         "lm_traces_read3.jsonl", "lm_traces_read4.jsonl", "lm_traces_read5.jsonl", "lm_traces_test.jsonl",
     ]
 
