@@ -26,4 +26,23 @@ def run_eval(command: str, *args: str, env: dict[str, str] | None = None) -> Res
     return _runner.invoke(app, ["eval", command, *args], env={**EVAL_ENV, **(env or {})})
 
 
-__all__ = ["EVAL_ENV", "run_eval", "write_lines"]
+def entropy_figures(path: Path, with_ids: bool, tmp_path: Path, env: dict[str, str] | None = None,
+                    drop: tuple[str, ...] = ()) -> dict:
+    """``eval entropy --json`` on ``path``; without ids (token ids and surprisals dropped) and without
+    the keys in ``drop``: the line as a sender without them would have it."""
+    drop = drop if with_ids else ("token_ids", "surprisal", *drop)
+    if drop:
+        stripped = tmp_path / f"{path.stem}-without-{'-'.join(drop)}.jsonl"
+        with path.open() as src, stripped.open("w") as dst:
+            for line in src:
+                row = json.loads(line)
+                for key in drop:
+                    row.pop(key, None)
+                dst.write(json.dumps(row) + "\n")
+        path = stripped
+    result = run_eval("entropy", str(path), "--json", env=env)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+__all__ = ["EVAL_ENV", "entropy_figures", "run_eval", "write_lines"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.unit.entroloop.eval_files import run_eval, write_lines
+from tests.unit.entroloop.eval_files import entropy_figures, run_eval, write_lines
 
 CORPUS = Path(__file__).resolve().parents[2] / "data" / "entropy"
 
@@ -102,30 +102,11 @@ def test_a_bad_line_exits_2_naming_its_line(tmp_path: Path, lines: list[object],
     assert "Traceback" not in result.output
 
 
-def _figures(path: Path, with_ids: bool, tmp_path: Path, env: dict[str, str] | None = None,
-             drop: tuple[str, ...] = ()) -> dict:
-    """``eval entropy --json`` on ``path``; without ids (token ids and surprisals dropped) and without
-    the keys in ``drop``: the line as a sender without them would have it."""
-    drop = drop if with_ids else ("token_ids", "surprisal", *drop)
-    if drop:
-        stripped = tmp_path / f"{path.stem}-without-{'-'.join(drop)}.jsonl"
-        with path.open() as src, stripped.open("w") as dst:
-            for line in src:
-                row = json.loads(line)
-                for key in drop:
-                    row.pop(key, None)
-                dst.write(json.dumps(row) + "\n")
-        path = stripped
-    result = run_eval("entropy", str(path), "--json", env=env)
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("with_ids", [True, False])
 def test_the_held_out_corpus(with_ids: bool, tmp_path: Path) -> None:
     """Reported figures (thresholds were tuned on dev.jsonl only). Issue 14's target with ids is
     0.95/0.95: loops meet it, gibberish precision is 0.948 (see docs/processors.md)."""
-    figures = _figures(CORPUS / "held_out.jsonl", with_ids, tmp_path)
+    figures = entropy_figures(CORPUS / "held_out.jsonl", with_ids, tmp_path)
     assert figures["requests"] == 700
     assert figures["loop"]["precision"] >= 0.98 and figures["loop"]["recall"] >= 0.97
     assert figures["gibberish"]["precision"] >= 0.94 and figures["gibberish"]["recall"] >= 0.99
@@ -137,7 +118,7 @@ def test_a_second_draw_of_the_held_out_assumptions(with_ids: bool, tmp_path: Pat
     setting was final (loops 0.986 / 1.000 with ids, 1.000 / 1.000 alone; gibberish 0.954 / 0.988
     both ways). Its false alarms are of held_out's kinds: three from the creative model before its
     band exists (its 5th, 8th and 18th requests), one a chatty model 0.27 nats over its band's edge."""
-    figures = _figures(CORPUS / "held_out2.jsonl", with_ids, tmp_path)
+    figures = entropy_figures(CORPUS / "held_out2.jsonl", with_ids, tmp_path)
     assert figures["requests"] == 700
     assert figures["loop"]["precision"] >= 0.98 and figures["loop"]["recall"] == 1.0
     assert figures["gibberish"]["precision"] >= 0.95 and figures["gibberish"]["recall"] >= 0.98
@@ -145,12 +126,12 @@ def test_a_second_draw_of_the_held_out_assumptions(with_ids: bool, tmp_path: Pat
 
 def test_the_static_rules_alone_fail_on_the_held_out_corpus(tmp_path: Path) -> None:
     """The comparison the evidence must win: the literal rules flag normal low- and high-band text."""
-    figures = _figures(CORPUS / "held_out.jsonl", True, tmp_path, env={"ENTROLOOP_ENTROPY_EVIDENCE": "false"})
+    figures = entropy_figures(CORPUS / "held_out.jsonl", True, tmp_path, env={"ENTROLOOP_ENTROPY_EVIDENCE": "false"})
     assert figures["loop"]["precision"] < 0.5 and figures["gibberish"]["precision"] < 0.5
 
 
 def test_the_dev_corpus_it_was_tuned_on(tmp_path: Path) -> None:
-    figures = _figures(CORPUS / "dev.jsonl", False, tmp_path)
+    figures = entropy_figures(CORPUS / "dev.jsonl", False, tmp_path)
     assert figures["loop"]["f1"] == 1.0 and figures["gibberish"]["f1"] == 1.0
 
 
@@ -173,15 +154,15 @@ def test_the_real_model_test_split(tmp_path: Path) -> None:
     false loops (one ~10-character message 3-4 times) are loops to the reader, and the reader's
     gibberish is stricter at T=1.5 (four texts flagged that the reader called half readable)."""
     test = CORPUS / "lm_traces_test.jsonl"
-    full = _figures(_by_the_rules(test, tmp_path), True, tmp_path)
+    full = entropy_figures(_by_the_rules(test, tmp_path), True, tmp_path)
     assert full["requests"] == 188 and full["loop"]["support"] == 33 and full["gibberish"]["support"] == 70
     assert full["loop"]["recall"] == 1.0 and full["loop"]["precision"] >= 0.86
     assert full["gibberish"]["precision"] >= 0.96 and full["gibberish"]["recall"] >= 0.91
-    read = _figures(test, True, tmp_path)
+    read = entropy_figures(test, True, tmp_path)
     assert read["loop"]["support"] == 38 and read["gibberish"]["support"] == 67
     assert read["loop"]["precision"] == 1.0 and read["loop"]["recall"] == 1.0
     assert read["gibberish"]["precision"] >= 0.94 and read["gibberish"]["recall"] >= 0.98
-    alone = _figures(test, False, tmp_path)
+    alone = entropy_figures(test, False, tmp_path)
     # from entropies alone two loops are missed (e.g. lm-0225, 115 line breaks whose entropies wander)
     assert alone["loop"]["recall"] >= 0.94 and alone["loop"]["precision"] == 1.0
     assert alone["gibberish"]["predicted"] == 0  # without surprisal: nothing to go on
@@ -197,15 +178,15 @@ def test_the_real_model_fresh_split(tmp_path: Path) -> None:
     loop too (the reader passed it over). Gibberish: one T=1.0 text missed, two T=1.5 texts flagged
     that the reader called half readable."""
     fresh = CORPUS / "lm_traces_fresh.jsonl"
-    full = _figures(_by_the_rules(fresh, tmp_path), True, tmp_path)
+    full = entropy_figures(_by_the_rules(fresh, tmp_path), True, tmp_path)
     assert full["requests"] == 340 and full["loop"]["support"] == 59 and full["gibberish"]["support"] == 134
     assert full["loop"]["recall"] == 1.0 and full["loop"]["precision"] >= 0.85
     assert full["gibberish"]["precision"] >= 0.93 and full["gibberish"]["recall"] >= 0.91
-    read = _figures(fresh, True, tmp_path)
+    read = entropy_figures(fresh, True, tmp_path)
     assert read["loop"]["support"] == 68 and read["gibberish"]["support"] == 134
     assert read["loop"]["recall"] == 1.0 and read["loop"]["precision"] >= 0.98
     assert read["gibberish"]["precision"] >= 0.98 and read["gibberish"]["recall"] >= 0.99
-    alone = _figures(fresh, False, tmp_path)
+    alone = entropy_figures(fresh, False, tmp_path)
     assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.98
     assert alone["gibberish"]["predicted"] == 0  # FRESH has no sampling entropies: its model is gone
 
@@ -218,16 +199,16 @@ def test_the_real_model_read_by_a_person(tmp_path: Path) -> None:
     READ2: two greedy loops (two lines alternating in no fixed order, and a paragraph said again
     with changes) and one short T=1.5 text; one T=1.5 text the reader called half broken is flagged.
     The two loops are found since near-cycles count (READ2 is no longer blind to that change)."""
-    blind = _figures(CORPUS / "lm_traces_read2.jsonl", True, tmp_path)
+    blind = entropy_figures(CORPUS / "lm_traces_read2.jsonl", True, tmp_path)
     assert blind["requests"] == 200 and blind["loop"]["support"] == 39 and blind["gibberish"]["support"] == 79
     assert blind["loop"]["precision"] == 1.0 and blind["loop"]["recall"] == 1.0
-    assert _figures(CORPUS / "lm_traces_read2.jsonl", True, tmp_path,
+    assert entropy_figures(CORPUS / "lm_traces_read2.jsonl", True, tmp_path,
                     env={"ENTROLOOP_LOOP_TEMPLATE_LOOKBACK": "0"})["loop"]["recall"] < 0.95  # exact periods only
     assert blind["gibberish"]["precision"] >= 0.98 and blind["gibberish"]["recall"] >= 0.98
-    alone = _figures(CORPUS / "lm_traces_read2.jsonl", False, tmp_path)
+    alone = entropy_figures(CORPUS / "lm_traces_read2.jsonl", False, tmp_path)
     assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.94
     assert alone["gibberish"]["predicted"] == 0  # the tap's entropy is before temperature
-    first = _figures(CORPUS / "lm_traces_read.jsonl", True, tmp_path)
+    first = entropy_figures(CORPUS / "lm_traces_read.jsonl", True, tmp_path)
     assert first["loop"]["support"] == 40 and first["loop"]["precision"] == first["loop"]["recall"] == 1.0
     assert first["gibberish"]["precision"] == 1.0 and first["gibberish"]["recall"] >= 0.95
 
@@ -247,17 +228,17 @@ def test_the_real_model_second_blind_read_split(tmp_path: Path) -> None:
     itself). On this corpus gibberish comes from high temperatures, so the signal mostly says how
     hot the sampler ran."""
     read3 = CORPUS / "lm_traces_read3.jsonl"
-    before = _figures(read3, True, tmp_path, drop=("sampling_entropy",))  # as first scored
+    before = entropy_figures(read3, True, tmp_path, drop=("sampling_entropy",))  # as first scored
     assert before["requests"] == 200 and before["loop"]["support"] == 40 and before["gibberish"]["support"] == 81
     assert before["loop"]["recall"] == 1.0 and before["loop"]["precision"] >= 0.97
     assert before["gibberish"]["precision"] == 1.0 and before["gibberish"]["recall"] >= 0.96
-    blind = _figures(read3, True, tmp_path)
+    blind = entropy_figures(read3, True, tmp_path)
     assert blind["loop"] == before["loop"]
     assert blind["gibberish"]["precision"] >= 0.98 and blind["gibberish"]["recall"] >= 0.97
-    alone = _figures(read3, False, tmp_path)  # entropies and sampling entropies: no token ids
+    alone = entropy_figures(read3, False, tmp_path)  # entropies and sampling entropies: no token ids
     assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.97
     assert alone["gibberish"]["precision"] >= 0.98 and alone["gibberish"]["recall"] >= 0.97
-    model_only = _figures(read3, False, tmp_path, drop=("sampling_entropy",))
+    model_only = entropy_figures(read3, False, tmp_path, drop=("sampling_entropy",))
     assert model_only["loop"] == alone["loop"] and model_only["gibberish"]["predicted"] == 0
 
 
@@ -270,24 +251,24 @@ def test_the_real_model_third_blind_read_split_with_sampling_entropies(tmp_path:
     Pooled with READ2 and READ3 (600 blind requests) the token-id figures meet 0.95 / 0.95; READ3 +
     READ4 (the 400 with sampling entropies) meet 0.90 / 0.90 from entropies alone."""
     read4 = CORPUS / "lm_traces_read4.jsonl"
-    blind = _figures(read4, True, tmp_path)
+    blind = entropy_figures(read4, True, tmp_path)
     assert blind["requests"] == 200 and blind["loop"]["support"] == 41 and blind["gibberish"]["support"] == 73
     assert blind["loop"]["precision"] == 1.0 and blind["loop"]["recall"] == 1.0
     assert blind["gibberish"]["precision"] >= 0.91 and blind["gibberish"]["recall"] == 1.0
-    alone = _figures(read4, False, tmp_path)
+    alone = entropy_figures(read4, False, tmp_path)
     assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.90
     assert alone["gibberish"]["precision"] >= 0.91 and alone["gibberish"]["recall"] == 1.0
-    assert _figures(read4, False, tmp_path, drop=("sampling_entropy",))["gibberish"]["predicted"] == 0
+    assert entropy_figures(read4, False, tmp_path, drop=("sampling_entropy",))["gibberish"]["predicted"] == 0
     names = ("lm_traces_read2.jsonl", "lm_traces_read3.jsonl", "lm_traces_read4.jsonl")
     pooled = tmp_path / "read2-read3-read4.jsonl"
     pooled.write_text("".join((CORPUS / name).read_text() for name in names))
-    both = _figures(pooled, True, tmp_path)
+    both = entropy_figures(pooled, True, tmp_path)
     assert both["requests"] == 600
     assert min(both["loop"]["precision"], both["loop"]["recall"]) >= 0.95
     assert min(both["gibberish"]["precision"], both["gibberish"]["recall"]) >= 0.95
     sampled = tmp_path / "read3-read4.jsonl"
     sampled.write_text("".join((CORPUS / name).read_text() for name in names[1:]))
-    alone = _figures(sampled, False, tmp_path)
+    alone = entropy_figures(sampled, False, tmp_path)
     assert alone["requests"] == 400
     assert min(alone["loop"]["precision"], alone["loop"]["recall"]) >= 0.90
     assert min(alone["gibberish"]["precision"], alone["gibberish"]["recall"]) >= 0.90
@@ -302,16 +283,16 @@ def test_the_real_model_fourth_blind_read_split(tmp_path: Path) -> None:
     missed. One loop (a line repeated with one word changed) is found by the near-cycle evidence
     alone; the model's own entropies flag no gibberish (its hot sampling is not in them)."""
     read5 = CORPUS / "lm_traces_read5.jsonl"
-    blind = _figures(read5, True, tmp_path)
+    blind = entropy_figures(read5, True, tmp_path)
     assert blind["requests"] == 200 and blind["loop"]["support"] == 40 and blind["gibberish"]["support"] == 78
     assert (blind["loop"]["precision"], blind["loop"]["recall"]) == (1.0, 1.0)
     assert min(blind["gibberish"]["precision"], blind["gibberish"]["recall"]) >= 0.96
-    exact_only = _figures(read5, True, tmp_path, env={"ENTROLOOP_LOOP_TEMPLATE_LOOKBACK": "0"})
+    exact_only = entropy_figures(read5, True, tmp_path, env={"ENTROLOOP_LOOP_TEMPLATE_LOOKBACK": "0"})
     assert exact_only["loop"]["recall"] == 0.975
-    alone = _figures(read5, False, tmp_path)
+    alone = entropy_figures(read5, False, tmp_path)
     assert alone["loop"]["precision"] == 1.0 and alone["loop"]["recall"] >= 0.92
     assert min(alone["gibberish"]["precision"], alone["gibberish"]["recall"]) >= 0.96
-    assert _figures(read5, False, tmp_path, drop=("sampling_entropy",))["gibberish"]["predicted"] == 0
+    assert entropy_figures(read5, False, tmp_path, drop=("sampling_entropy",))["gibberish"]["predicted"] == 0
 
 
 def test_the_sampling_edge_sits_in_dev2s_gap(tmp_path: Path) -> None:
@@ -319,15 +300,15 @@ def test_the_sampling_edge_sits_in_dev2s_gap(tmp_path: Path) -> None:
     alone, with sampling entropies, the edge flags every request whose sampler ran far flatter than
     the model; the figures the setting's description reports. Without them: nothing."""
     dev2 = CORPUS / "lm_traces_dev2.jsonl"
-    alone = _figures(dev2, False, tmp_path)
+    alone = entropy_figures(dev2, False, tmp_path)
     assert alone["requests"] == 200 and alone["gibberish"]["support"] == 77
     assert (alone["gibberish"]["precision"], alone["gibberish"]["recall"]) == (0.925, 0.961)
-    assert _figures(dev2, False, tmp_path, drop=("sampling_entropy",))["gibberish"]["predicted"] == 0
+    assert entropy_figures(dev2, False, tmp_path, drop=("sampling_entropy",))["gibberish"]["predicted"] == 0
 
 
 def test_the_real_model_test_split_under_the_static_rules_alone(tmp_path: Path) -> None:
     """What the literal rules see on the same traces: not one real loop (none is low-entropy), and
     gibberish at precision below one half (normal text has high-entropy runs too)."""
-    figures = _figures(CORPUS / "lm_traces_test.jsonl", True, tmp_path, env={"ENTROLOOP_ENTROPY_EVIDENCE": "false"})
+    figures = entropy_figures(CORPUS / "lm_traces_test.jsonl", True, tmp_path, env={"ENTROLOOP_ENTROPY_EVIDENCE": "false"})
     assert figures["loop"]["recall"] == 0.0
     assert figures["gibberish"]["precision"] < 0.5

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.corpora.reader_agreement import agreement, read_labels, split_files
-from tests.unit.entroloop.eval_files import run_eval
+from tests.unit.entroloop.eval_files import entropy_figures
 
 CORPUS = Path(__file__).resolve().parents[2] / "data" / "entropy"
 SPLITS = ("test", "read2", "read3", "read4", "read5")
@@ -29,18 +29,6 @@ def _second(split: str) -> dict[str, dict[str, bool]]:
     return read_labels(CORPUS / "reading" / f"{split}_second_labels.jsonl")
 
 
-def _score(path: Path, with_ids: bool = True) -> dict:
-    if not with_ids:
-        stripped = path.with_name(path.stem + "-entropies.jsonl")
-        rows = [json.loads(raw) for raw in path.read_text().splitlines()]
-        stripped.write_text("".join(json.dumps({k: v for k, v in row.items() if k not in ("token_ids", "surprisal")}) + "\n"
-                                    for row in rows))
-        path = stripped
-    result = run_eval("entropy", str(path), "--json")
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("split", SPLITS)
 def test_the_two_readings_cover_the_same_texts_and_agree_far_beyond_chance(split: str) -> None:
     counts = agreement(_lines(split), _second(split))
@@ -56,10 +44,10 @@ def test_on_read4_the_second_reader_scores_what_the_detectors_score(tmp_path: Pa
     lines, second = _lines("read4"), _second("read4")
     gibberish = agreement(lines, second)["gibberish"]
     assert (gibberish.both, gibberish.first_only, gibberish.second_only) == (73, 0, 7)
-    first = _score(CORPUS / "lm_traces_read4.jsonl")["gibberish"]
+    first = entropy_figures(CORPUS / "lm_traces_read4.jsonl", True, tmp_path)["gibberish"]
     assert first["precision"] == round(gibberish.both / (gibberish.both + gibberish.second_only), 4) == 0.9125
     _, agreed = split_files(lines, second, tmp_path, "read4")
-    assert _score(agreed)["gibberish"]["recall"] == 1.0
+    assert entropy_figures(agreed, True, tmp_path)["gibberish"]["recall"] == 1.0
 
 
 def test_the_pooled_agreed_texts_meet_issue_14_targets(tmp_path: Path) -> None:
@@ -75,9 +63,9 @@ def test_the_pooled_agreed_texts_meet_issue_14_targets(tmp_path: Path) -> None:
     agreed.write_text("\n".join(agreed_lines) + "\n")
     by_second = tmp_path / "second.jsonl"
     by_second.write_text("\n".join(second_lines) + "\n")
-    for figures in (_score(agreed), _score(by_second)):
+    for figures in (entropy_figures(agreed, True, tmp_path), entropy_figures(by_second, True, tmp_path)):
         for name in ("loop", "gibberish"):
             assert figures[name]["precision"] >= 0.95 and figures[name]["recall"] >= 0.95, (name, figures)
-    assert _score(agreed)["requests"] == 969
-    alone = _score(agreed, with_ids=False)["loop"]
+    assert entropy_figures(agreed, True, tmp_path)["requests"] == 969
+    alone = entropy_figures(agreed, False, tmp_path)["loop"]
     assert alone["precision"] >= 0.90 and alone["recall"] >= 0.90
