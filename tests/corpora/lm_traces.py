@@ -276,16 +276,25 @@ def write_reading_sheet(lines: list[dict], path: Path) -> None:
     path.write_text("".join(parts))
 
 
+def read_labels(path: Path) -> dict[str, dict[str, bool]]:
+    """A reading's labels by sheet key (``{"key", "loop", "gibberish", "why"}`` per line); a key
+    labelled twice or a line without boolean ``loop`` and ``gibberish`` is an error naming the line."""
+    labels: dict[str, dict[str, bool]] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        entry = json.loads(raw)
+        if entry["key"] in labels:
+            raise ValueError(f"{path}:{number}: sheet key {entry['key']} labelled twice")
+        if not all(isinstance(entry.get(name), bool) for name in ("loop", "gibberish")):
+            raise ValueError(f"{path}:{number}: needs boolean 'loop' and 'gibberish'")
+        labels[entry["key"]] = {"loop": entry["loop"], "gibberish": entry["gibberish"]}
+    return labels
+
+
 def apply_read_labels(output: Path, labels_path: Path) -> int:
     """Set each line's ``label`` from the reader's labels (by sheet key), keeping the text rules'
     verdict in ``generator.rule_label``; every line needs one label and every label one line.
     Returns how many lines were labelled."""
-    labels = {}
-    for number, raw in enumerate(labels_path.read_text().splitlines(), 1):
-        entry = json.loads(raw)
-        if entry["key"] in labels:
-            raise ValueError(f"{labels_path}:{number}: sheet key {entry['key']} labelled twice")
-        labels[entry["key"]] = {"loop": bool(entry["loop"]), "gibberish": bool(entry["gibberish"])}
+    labels = read_labels(labels_path)
     lines = [json.loads(raw) for raw in output.read_text().splitlines()]
     keys = {sheet_key(line["id"]) for line in lines}
     if keys != set(labels):

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.corpora.lm_traces import sheet_key, write_lines
+from tests.corpora.lm_traces import read_labels, sheet_key, write_lines
 
 LABELS = ("loop", "gibberish")
 
@@ -52,20 +52,6 @@ class Agreement:
     def as_dict(self) -> dict[str, float | int]:
         return {"both": self.both, "first_only": self.first_only, "second_only": self.second_only,
                 "neither": self.neither, "agreement": round(self.observed, 4), "kappa": round(self.kappa, 4)}
-
-
-def read_labels(path: Path) -> dict[str, dict[str, bool]]:
-    """A reading's labels by sheet key; a key read twice or a line without both labels is an error
-    that names the line."""
-    labels: dict[str, dict[str, bool]] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
-        entry = json.loads(raw)
-        if entry["key"] in labels:
-            raise ValueError(f"{path}:{number}: sheet key {entry['key']} labelled twice")
-        if not all(isinstance(entry.get(name), bool) for name in LABELS):
-            raise ValueError(f"{path}:{number}: needs boolean 'loop' and 'gibberish'")
-        labels[entry["key"]] = {name: entry[name] for name in LABELS}
-    return labels
 
 
 def agreement(lines: list[dict], second: dict[str, dict[str, bool]]) -> dict[str, Agreement]:
